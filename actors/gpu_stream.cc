@@ -1,0 +1,75 @@
+#include "actors/gpu_stream.h"
+
+#include "caf/all.hpp"
+
+namespace fd {
+namespace {
+
+struct StreamState {
+  std::shared_ptr<const SPartBackend> backend;
+  std::unique_ptr<SPartState> act;  // activations of the step in flight
+  AttnIn qkv;
+  size_t rows = 0;
+  static inline const char* name = "gpu_stream";
+};
+
+s_output next_output(StreamState& st, int next_layer) {
+  s_output out;
+  out.next_layer = next_layer;
+  if (next_layer < st.backend->config().n_layers) {
+    st.backend->attn_in(*st.act, next_layer, st.qkv);
+    out.q = to_bytes(st.qkv.q.data(), st.qkv.q.size());
+    out.k = to_bytes(st.qkv.k.data(), st.qkv.k.size());
+    out.v = to_bytes(st.qkv.v.data(), st.qkv.v.size());
+  } else {
+    std::vector<float> logits;
+    st.backend->logits(*st.act, logits);
+    out.logits = to_bytes(logits.data(), logits.size());
+  }
+  return out;
+}
+
+caf::error check_step(const ModelConfig& cfg, const step_tokens& in) {
+  if (in.tokens.empty() || in.pos.size() != in.tokens.size())
+    return caf::make_error(caf::sec::invalid_argument, "step has no rows or mismatched positions");
+  for (size_t i = 0; i < in.tokens.size(); ++i)
+    if (in.tokens[i] < 0 || in.tokens[i] >= cfg.vocab || in.pos[i] < 0 || in.pos[i] >= cfg.ctx)
+      return caf::make_error(caf::sec::invalid_argument, "step token or position out of range");
+  for (int32_t r : in.logit_rows)
+    if (r < 0 || static_cast<size_t>(r) >= in.tokens.size())
+      return caf::make_error(caf::sec::invalid_argument, "logit row out of range");
+  return caf::none;
+}
+
+stream_actor::behavior_type stream_behavior(stream_actor::stateful_pointer<StreamState> self,
+                                            std::shared_ptr<const SPartBackend> backend) {
+  self->state.backend = std::move(backend);
+  self->state.act = self->state.backend->make_state();
+  return {
+      [self](const step_tokens& in) -> caf::result<s_output> {
+        auto& st = self->state;
+        if (auto err = check_step(st.backend->config(), in)) return err;
+        StepInput step{in.tokens, in.pos, in.logit_rows};
+        st.rows = in.tokens.size();
+        st.backend->embed(*st.act, step);
+        return next_output(st, 0);
+      },
+      [self](const layer_o& in) -> caf::result<s_output> {
+        auto& st = self->state;
+        const auto& cfg = st.backend->config();
+        if (in.layer < 0 || in.layer >= cfg.n_layers ||
+            in.o.size() != st.rows * cfg.q_width() * sizeof(float))
+          return caf::make_error(caf::sec::invalid_argument, "attention output of the wrong shape");
+        st.backend->attn_out(*st.act, in.layer, as<float>(in.o));
+        return next_output(st, in.layer + 1);
+      },
+  };
+}
+
+}  // namespace
+
+stream_actor spawn_gpu_stream(caf::actor_system& sys, std::shared_ptr<const SPartBackend> backend) {
+  return sys.spawn<caf::detached>(stream_behavior, std::move(backend));
+}
+
+}  // namespace fd

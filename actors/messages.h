@@ -1,0 +1,171 @@
+// Every message the actors exchange. Tensor payloads travel as `bytes` (std::vector<char>), which
+// CAF serializes as one raw block; typed vectors such as vector<uint16_t> would go element by element.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "caf/atom.hpp"
+#include "caf/meta/type_name.hpp"
+
+namespace fd {
+
+using bytes = std::vector<char>;
+
+template <class T>
+bytes to_bytes(const T* data, size_t n) {
+  bytes b(n * sizeof(T));
+  if (n) std::memcpy(b.data(), data, b.size());
+  return b;
+}
+template <class T>
+const T* as(const bytes& b) { return reinterpret_cast<const T*>(b.data()); }
+template <class T>
+T* as(bytes& b) { return reinterpret_cast<T*>(b.data()); }
+
+using drop_atom = caf::atom_constant<caf::atom("drop")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+
+// Rows [row0, row0 + n) of a payload belong to sequence seq at positions [pos0, pos0 + n).
+struct seq_rows {
+  uint64_t seq = 0;
+  int32_t pos0 = 0;
+  int32_t n = 0;
+};
+
+// Micro-batch -> R-worker shard, per layer: append K/V of the rows, then attend with Q.
+struct attn_request {
+  uint64_t step = 0;
+  int32_t layer = 0;
+  std::vector<seq_rows> seqs;
+  bytes q;  // [rows][n_heads*head_dim] f32
+  bytes k;  // [rows][n_kv_heads*head_dim] f16
+  bytes v;  // [rows][n_kv_heads*head_dim] f16
+};
+
+// R-worker shard -> micro-batch.
+struct attn_reply {
+  uint64_t step = 0;
+  int32_t layer = 0;
+  bytes o;  // [rows][n_heads*head_dim] f32
+};
+
+struct shard_stats {
+  std::string name;
+  uint64_t sequences = 0;
+  uint64_t tokens = 0;       // cached tokens over all sequences (layer 0)
+  uint64_t used_pages = 0;
+  uint64_t free_pages = 0;
+  uint64_t page_bytes = 0;
+  double busy_ms = 0;        // attention time since start
+  uint64_t requests = 0;
+};
+
+// Micro-batch -> GPU stream: start a forward step (embed, then layer 0 up to attention).
+struct step_tokens {
+  std::vector<int32_t> tokens;      // [rows]
+  std::vector<int32_t> pos;         // [rows]
+  std::vector<int32_t> logit_rows;  // rows whose logits are wanted
+};
+
+// Micro-batch -> GPU stream: attention output of one layer.
+struct layer_o {
+  int32_t layer = 0;
+  bytes o;  // [rows][n_heads*head_dim] f32
+};
+
+// GPU stream -> micro-batch: the next layer's Q/K/V, or the logits once next_layer == n_layers.
+struct s_output {
+  int32_t next_layer = 0;
+  bytes q;       // [rows][n_heads*head_dim] f32
+  bytes k;       // [rows][n_kv_heads*head_dim] f16
+  bytes v;       // [rows][n_kv_heads*head_dim] f16
+  bytes logits;  // [logit_rows][vocab] f32
+};
+
+// Client -> scheduler: one prompt to complete.
+struct gen_request {
+  std::vector<int32_t> prompt;  // token ids, BOS included
+  int32_t max_new = 0;          // tokens to generate at most
+  float temperature = 0;
+  int32_t top_k = 0;
+  float top_p = 1;
+  uint64_t seed = 0;
+  bool want_logits = false;     // return the logits of every generated token
+};
+
+// Scheduler -> client.
+struct gen_result {
+  std::vector<int32_t> tokens;  // generated ids only
+  int32_t n_prompt = 0;
+  double ms = 0;                // from admission to the last token
+  double ttft_ms = 0;           // from admission to the first generated token
+  std::string error;            // empty on success
+  bytes logits;                 // [sampled][vocab] f32 when asked for; a final EOS counts
+};
+
+// Scheduler -> micro-batch: a sequence joins at the next step.
+struct seq_start {
+  uint64_t seq = 0;
+  int32_t shard = 0;
+  gen_request req;
+};
+
+// Micro-batch -> scheduler: a sequence left the batch (finished or failed).
+struct seq_done {
+  uint64_t seq = 0;
+  int32_t shard = 0;
+  gen_result result;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, seq_rows& x) {
+  return f(caf::meta::type_name("seq_rows"), x.seq, x.pos0, x.n);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, attn_request& x) {
+  return f(caf::meta::type_name("attn_request"), x.step, x.layer, x.seqs, x.q, x.k, x.v);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, attn_reply& x) {
+  return f(caf::meta::type_name("attn_reply"), x.step, x.layer, x.o);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
+  return f(caf::meta::type_name("shard_stats"), x.name, x.sequences, x.tokens, x.used_pages,
+           x.free_pages, x.page_bytes, x.busy_ms, x.requests);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_tokens& x) {
+  return f(caf::meta::type_name("step_tokens"), x.tokens, x.pos, x.logit_rows);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, layer_o& x) {
+  return f(caf::meta::type_name("layer_o"), x.layer, x.o);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, s_output& x) {
+  return f(caf::meta::type_name("s_output"), x.next_layer, x.q, x.k, x.v, x.logits);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, gen_request& x) {
+  return f(caf::meta::type_name("gen_request"), x.prompt, x.max_new, x.temperature, x.top_k,
+           x.top_p, x.seed, x.want_logits);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, gen_result& x) {
+  return f(caf::meta::type_name("gen_result"), x.tokens, x.n_prompt, x.ms, x.ttft_ms, x.error, x.logits);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, seq_start& x) {
+  return f(caf::meta::type_name("seq_start"), x.seq, x.shard, x.req);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, seq_done& x) {
+  return f(caf::meta::type_name("seq_done"), x.seq, x.shard, x.result);
+}
+
+}  // namespace fd

@@ -1,0 +1,100 @@
+#include "actors/rworker_shard.h"
+
+#include <chrono>
+#include <optional>
+
+#include "caf/all.hpp"
+
+namespace fd {
+namespace {
+
+struct ShardState {
+  ShardConfig cfg;
+  std::optional<KvStore> store;
+  shard_stats stats;
+  static inline const char* name = "rworker_shard";
+};
+
+// Validates the payload sizes against the rows, so a malformed peer cannot make us read past a buffer.
+caf::error check_request(const ShardConfig& cfg, const attn_request& r, size_t& rows) {
+  rows = 0;
+  for (const auto& s : r.seqs) {
+    if (s.n <= 0 || s.pos0 < 0) return caf::make_error(caf::sec::invalid_argument, "bad rows");
+    rows += static_cast<size_t>(s.n);
+  }
+  const size_t qw = size_t(cfg.dims.n_heads) * cfg.dims.head_dim;
+  const size_t kw = size_t(cfg.dims.n_kv_heads) * cfg.dims.head_dim;
+  if (r.layer < 0 || r.layer >= cfg.kv.n_layers || r.q.size() != rows * qw * sizeof(float) ||
+      r.k.size() != rows * kw * sizeof(uint16_t) || r.v.size() != rows * kw * sizeof(uint16_t))
+    return caf::make_error(caf::sec::invalid_argument,
+                           cfg.name + ": attention request does not match the model shape");
+  return caf::none;
+}
+
+caf::result<attn_reply> attend(ShardState& st, const attn_request& r) {
+  size_t rows = 0;
+  if (auto err = check_request(st.cfg, r, rows)) return err;
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t qw = size_t(st.cfg.dims.n_heads) * st.cfg.dims.head_dim;
+  const size_t kw = size_t(st.cfg.dims.n_kv_heads) * st.cfg.dims.head_dim;
+  if (r.layer == 0) {
+    // Reserve every layer's pages up front, so a full cache fails the step before anything is written.
+    try {
+      for (const auto& s : r.seqs) {
+        if (s.pos0 == 0) st.store->drop(s.seq);  // a re-prefill starts the sequence afresh
+        st.store->reserve(s.seq, s.pos0 + s.n);
+      }
+    } catch (const Error& e) {
+      return caf::make_error(caf::sec::runtime_error, st.cfg.name + ": " + e.what());
+    }
+  }
+  attn_reply out;
+  out.step = r.step;
+  out.layer = r.layer;
+  out.o.resize(rows * qw * sizeof(float));
+  size_t row = 0;
+  try {
+    for (const auto& s : r.seqs) {
+      st.store->append(s.seq, r.layer, s.pos0, as<uint16_t>(r.k) + row * kw,
+                      as<uint16_t>(r.v) + row * kw, s.n);
+      kernels::attention_f16(as<float>(r.q) + row * qw, s.n, s.pos0, st.store->view(s.seq, r.layer),
+                             st.cfg.dims, as<float>(out.o) + row * qw);
+      row += static_cast<size_t>(s.n);
+    }
+  } catch (const Error& e) {
+    return caf::make_error(caf::sec::runtime_error, st.cfg.name + ": " + e.what());
+  }
+  st.stats.requests++;
+  st.stats.busy_ms +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardState> self,
+                                          ShardConfig cfg) {
+  self->state.cfg = cfg;
+  self->state.store.emplace(cfg.kv);
+  return {
+      [self](const attn_request& r) { return attend(self->state, r); },
+      [self](drop_atom, uint64_t seq) { self->state.store->drop(seq); },
+      [self](stats_atom) {
+        auto& st = self->state;
+        shard_stats s = st.stats;
+        s.name = st.cfg.name;
+        s.sequences = st.store->sequences();
+        s.tokens = st.store->tokens();
+        s.used_pages = st.store->used_pages();
+        s.free_pages = st.store->free_pages();
+        s.page_bytes = st.store->page_bytes();
+        return s;
+      },
+  };
+}
+
+}  // namespace
+
+shard_actor spawn_shard(caf::actor_system& sys, const ShardConfig& cfg) {
+  return sys.spawn<caf::detached>(shard_behavior, cfg);
+}
+
+}  // namespace fd

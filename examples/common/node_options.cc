@@ -1,0 +1,94 @@
+#include "examples/common/node_options.h"
+
+#include <boost/program_options.hpp>
+#include <cctype>
+#include <fstream>
+#include <iostream>
+
+#include "runtime/error.h"
+
+namespace po = boost::program_options;
+
+namespace fd {
+
+size_t parse_size(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) throw Error("'" + text + "' is not a size (examples: 8GiB, 512MiB, 1048576)");
+  const double v = std::stod(text.substr(0, i));
+  std::string unit = text.substr(i);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mul = 1;
+  if (unit == "" || unit == "b") mul = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") mul = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") mul = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb" || unit == "tib") mul = 1024.0 * 1024 * 1024 * 1024;
+  else throw Error("'" + text + "' has an unknown size unit (use KiB, MiB, GiB or TiB)");
+  return static_cast<size_t>(v * mul);
+}
+
+namespace {
+
+std::vector<std::string> read_prompt_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open the prompts file");
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
+  std::vector<std::string> prompts;
+  std::string prompts_file, kv_memory = "1GiB";
+  double timeout_s = 60;
+  po::options_description desc("fastdecode-node options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("role", po::value(&a.role)->default_value("all"), "all (one process), gpu or cpu")
+      ("model,m", po::value(&a.model_path), "GGUF model; without it a small synthetic model runs")
+      ("prompt,p", po::value(&prompts)->composing(), "prompt text (repeatable)")
+      ("prompts", po::value(&prompts_file), "file with one prompt per line")
+      ("n-predict,n", po::value(&a.n_predict)->default_value(32), "tokens to generate per prompt")
+      ("temperature", po::value(&a.sampling.temperature)->default_value(0.8f), "0 = greedy")
+      ("top-k", po::value(&a.sampling.top_k)->default_value(40), "0 = no limit")
+      ("top-p", po::value(&a.sampling.top_p)->default_value(0.95f), "1 = no limit")
+      ("seed", po::value(&a.sampling.seed)->default_value(42), "sampling seed")
+      ("shards", po::value(&a.local.shards)->default_value(2), "R-worker shards")
+      ("kv-memory", po::value(&kv_memory)->default_value("1GiB"), "KV-cache capacity per shard")
+      ("max-batch", po::value(&a.local.max_batch)->default_value(256), "sequences per step")
+      ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
+      ("threads", po::value(&a.threads)->default_value(2), "actor scheduler threads")
+      ("json", po::bool_switch(&a.json), "one JSON object per prompt per line");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error(std::string(e.what()) + " (see --help)");
+  }
+  if (vm.count("help")) {
+    std::cout << "usage: fastdecode-node --role all [--model PATH] --prompt TEXT [...]\n" << desc;
+    return false;
+  }
+  if (a.role != "all" && a.role != "gpu" && a.role != "cpu")
+    throw Error("--role must be all, gpu or cpu, not '" + a.role + "'");
+  if (a.n_predict < 1) throw Error("-n must be at least 1");
+  if (a.local.shards < 1) throw Error("--shards must be at least 1");
+  if (a.local.max_batch < 1) throw Error("--max-batch must be at least 1");
+  if (a.threads < 1) throw Error("--threads must be at least 1");
+  if (!(timeout_s > 0)) throw Error("--timeout must be positive");
+  validate(a.sampling);
+  a.local.kv_memory = parse_size(kv_memory);
+  a.local.timeout = caf::timespan{std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(timeout_s))};
+  a.prompts = prompts;
+  if (!prompts_file.empty())
+    for (auto& p : read_prompt_file(prompts_file)) a.prompts.push_back(p);
+  return true;
+}
+
+}  // namespace fd

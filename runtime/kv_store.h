@@ -1,0 +1,67 @@
+// The KV-cache of one R-worker shard: fixed-size pages, each holding block_tokens tokens of
+// every layer, so a sequence grows or is dropped without fragmentation.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "runtime/error.h"
+
+namespace fd {
+
+struct KvStoreConfig {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int block_tokens = 16;
+  size_t capacity_bytes = size_t(1) << 30;
+};
+
+class KvStore {
+ public:
+  explicit KvStore(const KvStoreConfig& cfg);
+
+  // Makes room for seq to hold new_len tokens in every layer (a new sequence starts at 0).
+  // Throws fd::Error naming the shortage and changes nothing when the pages are not available.
+  void reserve(uint64_t seq, int new_len);
+  // Writes n tokens at positions [pos0, pos0+n) of one layer; k, v: [n][n_kv_heads*head_dim] fp16.
+  // pos0 must equal the layer's current length; the range must be reserved.
+  void append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n);
+  int length(uint64_t seq, int layer) const;  // 0 for an unknown sequence
+  bool contains(uint64_t seq) const { return seqs_.count(seq) != 0; }
+  kernels::KvBlocksF16 view(uint64_t seq, int layer) const;
+  void drop(uint64_t seq);  // frees every page of seq; unknown seq is a no-op
+
+  size_t page_bytes() const { return page_bytes_; }
+  size_t total_pages() const { return total_pages_; }
+  size_t used_pages() const { return total_pages_ - free_.size(); }
+  size_t free_pages() const { return free_.size(); }
+  size_t sequences() const { return seqs_.size(); }
+  size_t tokens() const;  // sum over sequences of layer-0 length
+  const KvStoreConfig& config() const { return cfg_; }
+
+ private:
+  struct Seq {
+    std::vector<uint32_t> pages;
+    std::vector<int> len;                           // [n_layers]
+    std::vector<std::vector<const uint16_t*>> k, v; // [n_layers][pages] block pointers
+  };
+  KvStoreConfig cfg_;
+  size_t layer_elems_ = 0;  // fp16 values of K (or V) of one layer in one page
+  size_t page_bytes_ = 0;
+  size_t total_pages_ = 0;
+  struct Unmap {
+    size_t bytes;
+    void operator()(uint8_t* p) const;
+  };
+  // total_pages_ pages of page_bytes_, reserved as virtual memory (the OS commits a page on first
+  // write), so pages never move and block pointers stay valid.
+  std::unique_ptr<uint8_t, Unmap> arena_;
+  std::vector<uint32_t> free_;  // free page indices; the lowest index is at the back
+  std::unordered_map<uint64_t, Seq> seqs_;
+};
+
+}  // namespace fd

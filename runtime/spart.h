@@ -1,0 +1,53 @@
+// The S-part: all dense work of a step, shared by every sequence of a mini-batch. A backend
+// (CPU now, CUDA later) runs it layer by layer; attention (the R-part) happens elsewhere
+// between attn_in and attn_out.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/model.h"
+
+namespace fd {
+
+// One forward step of a mini-batch: rows are tokens, grouped by sequence.
+struct StepInput {
+  std::vector<int32_t> tokens;      // [rows]
+  std::vector<int32_t> pos;         // [rows] position of each token in its sequence
+  std::vector<int32_t> logit_rows;  // rows whose next-token logits are wanted
+};
+
+// What the R-part needs for one layer.
+struct AttnIn {
+  std::vector<float> q;     // [rows][n_heads*head_dim], RoPE applied
+  std::vector<uint16_t> k;  // [rows][n_kv_heads*head_dim] fp16, RoPE applied
+  std::vector<uint16_t> v;  // [rows][n_kv_heads*head_dim] fp16
+};
+
+// Activations of one step in flight; each backend defines its own.
+class SPartState {
+ public:
+  virtual ~SPartState() = default;
+};
+
+class SPartBackend {
+ public:
+  virtual ~SPartBackend() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual const char* name() const = 0;
+  // A fresh state; one per mini-batch in flight.
+  virtual std::unique_ptr<SPartState> make_state() const = 0;
+  // Embeds the step's tokens (the residual stream x).
+  virtual void embed(SPartState& s, const StepInput& in) const = 0;
+  // Layer `layer` up to attention: x -> RMSNorm -> Q, K, V -> RoPE.
+  virtual void attn_in(SPartState& s, int layer, AttnIn& out) const = 0;
+  // Layer `layer` after attention: x += Wo·o; x += MLP(RMSNorm(x)). o: [rows][n_heads*head_dim].
+  virtual void attn_out(SPartState& s, int layer, const float* o) const = 0;
+  // Final norm and LM head for the step's logit_rows: [logit_rows][vocab].
+  virtual void logits(SPartState& s, std::vector<float>& out) const = 0;
+};
+
+// The CPU backend over a host model; the model must outlive it.
+std::unique_ptr<SPartBackend> make_cpu_backend(const Model& model);
+
+}  // namespace fd

@@ -1,0 +1,27 @@
+// Runs requests through a complete single-process actor deployment (scheduler, micro-batch,
+// GPU stream on the CPU backend, R-worker shards).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "actors/system.h"
+#include "caf/all.hpp"
+
+struct PipelineRun {
+  std::vector<fd::gen_result> results;
+};
+
+inline std::vector<fd::gen_result> run_pipeline(std::shared_ptr<const fd::Model> model,
+                                                const std::vector<fd::gen_request>& reqs,
+                                                int shards) {
+  caf::actor_system_config cfg;
+  fd::configure_caf(cfg, 2);
+  caf::actor_system sys{cfg};
+  fd::LocalOptions opt;
+  opt.shards = shards;
+  opt.kv_memory = size_t(256) << 20;
+  fd::LocalNode node = fd::start_local_node(sys, model, opt);
+  auto out = fd::generate(sys, node.scheduler, reqs, std::chrono::minutes(10));
+  fd::stop_local_node(node);
+  return out;
+}

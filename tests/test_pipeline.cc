@@ -1,0 +1,220 @@
+// The actor pipeline against the plain fp32 reference forward pass (tests/reference_model.h).
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+
+#include "pipeline_fixture.h"
+#include "reference_model.h"
+#include "runtime/tokenizer.h"
+
+namespace {
+
+const char* kStoryPrompts[] = {
+    "Once upon a time",
+    "Tom had a red ball",
+    "The cat sat",
+    "One day, a little girl named Lily went to the park with her mom. She saw a big tree",
+    "Sam",
+    "The sun was shining and the birds were singing. Max the dog ran to the",
+    "She",
+};
+
+std::vector<std::vector<int32_t>> story_prompts(const fd::Model& m, int n) {
+  fd::Tokenizer tok(m.vocab);
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < n; ++i) {
+    std::string text = kStoryPrompts[i % 7];
+    for (int r = 0; r < i / 7; ++r) text += " and";  // different lengths for repeats
+    out.push_back(tok.encode(text, true));
+  }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> random_prompts(const fd::Model& m, int n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p{m.vocab.bos};
+    const int len = 1 + static_cast<int>(rng() % 40);
+    for (int t = 0; t < len; ++t) p.push_back(3 + static_cast<int32_t>(rng() % (m.cfg.vocab - 3)));
+    out.push_back(p);
+  }
+  return out;
+}
+
+// Greedy reference continuation and the logits of every token it picks (final EOS included).
+void reference_run(ReferenceModel& ref, const std::vector<int32_t>& prompt, int n, int eos,
+                   std::vector<int32_t>& tokens, std::vector<float>& logits) {
+  ref.reset(0);
+  std::vector<float> l;
+  for (int32_t t : prompt) l = ref.forward(0, t);
+  for (int i = 0; i < n; ++i) {
+    const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    logits.insert(logits.end(), l.begin(), l.end());
+    if (next == eos) break;
+    tokens.push_back(next);
+    if (static_cast<int>(prompt.size() + tokens.size()) >= ref.model().cfg.ctx) break;
+    l = ref.forward(0, next);
+  }
+}
+
+void compare_with_reference(std::shared_ptr<const fd::Model> model,
+                            const std::vector<std::vector<int32_t>>& prompts, int n_gen,
+                            int shards) {
+  std::vector<fd::gen_request> reqs;
+  for (const auto& p : prompts) {
+    fd::gen_request r;
+    r.prompt = p;
+    r.max_new = n_gen;
+    r.temperature = 0;
+    r.want_logits = true;
+    reqs.push_back(r);
+  }
+  auto results = run_pipeline(model, reqs, shards);
+  REQUIRE(results.size() == prompts.size());
+  ReferenceModel ref(*model);
+  const int vocab = model->cfg.vocab;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("prompt " << i << " of " << prompts.size() << ", " << shards << " shards");
+    REQUIRE(results[i].error == "");
+    std::vector<int32_t> want;
+    std::vector<float> want_logits;
+    reference_run(ref, prompts[i], n_gen, model->vocab.eos, want, want_logits);
+    CHECK(results[i].tokens == want);
+    REQUIRE(results[i].logits.size() == want_logits.size() * sizeof(float));
+    const float* got = fd::as<float>(results[i].logits);
+    // Both sides hold K/V in fp16 and differ only in fp32 summation order (GEMM blocking,
+    // online softmax): ~1e-6 relative per op over a few layers; 1e-3 of the logit range is ample
+    // and still far below any real divergence.
+    for (size_t row = 0; row * vocab < want_logits.size(); ++row) {
+      float range = 0, diff = 0;
+      for (int t = 0; t < vocab; ++t) {
+        range = std::max(range, std::fabs(want_logits[row * vocab + t]));
+        diff = std::max(diff, std::fabs(want_logits[row * vocab + t] - got[row * vocab + t]));
+      }
+      INFO("token " << row);
+      CHECK(diff <= 1e-3f * std::max(1.0f, range));
+    }
+  }
+}
+
+std::shared_ptr<const fd::Model> stories() {
+  return std::make_shared<const fd::Model>(
+      fd::load_model(std::string(FD_SHARED_DIR) + "/models/stories260K.gguf"));
+}
+
+std::shared_ptr<const fd::Model> random_gqa128() {
+  fd::ModelConfig c;
+  c.n_layers = 2;
+  c.dim = 512;
+  c.n_heads = 4;
+  c.n_kv_heads = 1;  // 4:1 GQA
+  c.head_dim = 128;
+  c.ff = 768;
+  c.vocab = 512;
+  c.ctx = 128;
+  return std::make_shared<const fd::Model>(fd::make_random_model(c, 7));
+}
+
+}  // namespace
+
+TEST_CASE("golden greedy text of stories260K through the actor pipeline", "[pipeline]") {
+  auto model = stories();
+  fd::Tokenizer tok(model->vocab);
+  fd::gen_request r;
+  r.prompt = tok.encode("Once upon a time", true);
+  r.max_new = 40;
+  r.temperature = 0;
+  auto res = run_pipeline(model, {r}, 2);
+  REQUIRE(res[0].error == "");
+  const std::string text = "Once upon a time" + tok.decode(res[0].tokens);
+  const std::string golden =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park. One day, she saw a big, red ball.";
+  CHECK(text.substr(0, golden.size()) == golden);
+}
+
+TEST_CASE("pipeline matches the reference on stories260K", "[pipeline]") {
+  auto model = stories();
+  for (int n : {1, 5, 33})
+    for (int shards : {1, 3}) compare_with_reference(model, story_prompts(*model, n), 12, shards);
+}
+
+TEST_CASE("pipeline matches the reference on a head_dim 128, 4:1 GQA random model", "[pipeline]") {
+  auto model = random_gqa128();
+  for (int n : {1, 5, 33})
+    for (int shards : {1, 3})
+      compare_with_reference(model, random_prompts(*model, n, 100 + n), 8, shards);
+}
+
+TEST_CASE("sampling gives the same text per seed whatever the shards and the batch", "[pipeline]") {
+  auto model = stories();
+  fd::Tokenizer tok(model->vocab);
+  auto make = [&](const std::string& text, uint64_t seed) {
+    fd::gen_request r;
+    r.prompt = tok.encode(text, true);
+    r.max_new = 24;
+    r.temperature = 0.9f;
+    r.top_k = 40;
+    r.top_p = 0.95f;
+    r.seed = seed;
+    return r;
+  };
+  const auto a = make("Once upon a time", 11);
+  const auto b = make("The dog", 12);
+  const auto c = make("Lily and Tom were", 13);
+  auto alone = run_pipeline(model, {a}, 1);
+  auto mixed = run_pipeline(model, {c, a, b}, 3);
+  auto other_seed = run_pipeline(model, {make("Once upon a time", 99)}, 2);
+  REQUIRE(alone[0].error == "");
+  REQUIRE(mixed[1].error == "");
+  CHECK(alone[0].tokens == mixed[1].tokens);
+  CHECK(alone[0].tokens != other_seed[0].tokens);
+}
+
+TEST_CASE("a bad request fails alone and the others complete", "[pipeline]") {
+  auto model = stories();
+  fd::Tokenizer tok(model->vocab);
+  fd::gen_request good;
+  good.prompt = tok.encode("Once upon a time", true);
+  good.max_new = 8;
+  fd::gen_request too_long = good;
+  too_long.prompt.assign(model->cfg.ctx + 5, 100);
+  fd::gen_request bad_token = good;
+  bad_token.prompt.push_back(model->cfg.vocab + 3);
+  auto res = run_pipeline(model, {good, too_long, bad_token, good}, 2);
+  CHECK(res[0].error == "");
+  CHECK(res[0].tokens.size() == 8);
+  CHECK(res[1].error.find("context") != std::string::npos);
+  CHECK(res[2].error.find("vocabulary") != std::string::npos);
+  CHECK(res[3].tokens == res[0].tokens);
+}
+
+TEST_CASE("a sequence leaves the batch at its length limit and frees its KV-cache", "[pipeline]") {
+  auto model = random_gqa128();
+  caf::actor_system_config cfg;
+  fd::configure_caf(cfg, 2);
+  caf::actor_system sys{cfg};
+  fd::LocalOptions opt;
+  opt.shards = 2;
+  opt.kv_memory = size_t(64) << 20;
+  fd::LocalNode node = fd::start_local_node(sys, model, opt);
+  fd::gen_request r;
+  r.prompt = {model->vocab.bos, 10, 11, 12};
+  r.max_new = 1000;  // far beyond the context: stops at ctx
+  auto res = fd::generate(sys, node.scheduler, {r, r}, std::chrono::minutes(5));
+  for (auto& x : res) {
+    REQUIRE(x.error == "");
+    // EOS may end it earlier; otherwise prompt + generated fill the context exactly.
+    CHECK(x.tokens.size() + r.prompt.size() <= static_cast<size_t>(model->cfg.ctx));
+  }
+  caf::scoped_actor self{sys};
+  for (auto& shard : node.shards)
+    self->request(shard, std::chrono::seconds(10), fd::stats_atom::value)
+        .receive([](fd::shard_stats& s) {
+                   CHECK(s.sequences == 0);
+                   CHECK(s.used_pages == 0);
+                 },
+                 [](caf::error&) { FAIL("no stats from a shard"); });
+  fd::stop_local_node(node);
+}
