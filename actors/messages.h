@@ -28,6 +28,11 @@ using drop_atom = caf::atom_constant<caf::atom("drop")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+
+// Bumped whenever a message changes: nodes of different versions refuse each other.
+constexpr int32_t kProtocolVersion = 1;
 
 // Rows [row0, row0 + n) of a payload belong to sequence seq at positions [pos0, pos0 + n).
 struct seq_rows {
@@ -62,6 +67,13 @@ struct shard_stats {
   uint64_t page_bytes = 0;
   double busy_ms = 0;        // attention time since start
   uint64_t requests = 0;
+};
+
+// Scheduler -> anyone: what it holds now.
+struct sched_stats {
+  int32_t shards = 0;    // serving (not leaving)
+  uint64_t queued = 0;   // waiting for room or a shard
+  uint64_t live = 0;     // admitted and not finished
 };
 
 // Micro-batch -> GPU stream: start a forward step (embed, then layer 0 up to attention).
@@ -107,11 +119,32 @@ struct gen_result {
   bytes logits;                 // [sampled][vocab] f32 when asked for; a final EOS counts
 };
 
-// Scheduler -> micro-batch: a sequence joins at the next step.
-struct seq_start {
-  uint64_t seq = 0;
-  int32_t shard = 0;
-  gen_request req;
+// CPU node -> gatekeeper: first step of joining.
+struct join_request {
+  std::string token;  // cluster secret
+  int32_t version = kProtocolVersion;
+  std::string node;   // the joining node's name, for logs
+};
+
+// Gatekeeper -> CPU node: what its shards must hold.
+struct join_reply {
+  uint64_t run_id = 0;  // this gpu node's run; shards registered under another run are refused
+  int32_t n_layers = 0;
+  int32_t n_heads = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_tokens = 0;
+};
+
+// Client -> gatekeeper: access to the scheduler.
+struct client_hello {
+  std::string token;
+  int32_t version = kProtocolVersion;
+};
+
+// Micro-batch -> scheduler: new homes for sequences whose shard was lost or is leaving.
+struct replace_request {
+  std::vector<uint64_t> seqs;
 };
 
 // Micro-batch -> scheduler: a sequence left the batch (finished or failed).
@@ -139,6 +172,10 @@ typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
            x.free_pages, x.page_bytes, x.busy_ms, x.requests);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sched_stats& x) {
+  return f(caf::meta::type_name("sched_stats"), x.shards, x.queued, x.live);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_tokens& x) {
   return f(caf::meta::type_name("step_tokens"), x.tokens, x.pos, x.logit_rows);
 }
@@ -160,8 +197,21 @@ typename Inspector::result_type inspect(Inspector& f, gen_result& x) {
   return f(caf::meta::type_name("gen_result"), x.tokens, x.n_prompt, x.ms, x.ttft_ms, x.error, x.logits);
 }
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, seq_start& x) {
-  return f(caf::meta::type_name("seq_start"), x.seq, x.shard, x.req);
+typename Inspector::result_type inspect(Inspector& f, join_request& x) {
+  return f(caf::meta::type_name("join_request"), x.token, x.version, x.node);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, join_reply& x) {
+  return f(caf::meta::type_name("join_reply"), x.run_id, x.n_layers, x.n_heads, x.n_kv_heads,
+           x.head_dim, x.block_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, client_hello& x) {
+  return f(caf::meta::type_name("client_hello"), x.token, x.version);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replace_request& x) {
+  return f(caf::meta::type_name("replace_request"), x.seqs);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, seq_done& x) {

@@ -12,21 +12,22 @@ namespace {
 using clock = std::chrono::steady_clock;
 
 struct Seq {
-  uint64_t id = 0;
-  int32_t shard = 0;
+  seq_place place;
   gen_request req;
   std::vector<int32_t> tokens;  // prompt, then generated ids
   int32_t n_cached = 0;         // tokens whose K/V the shard holds
   Sampler sampler{SamplingParams{}};
   clock::time_point t0;
   double ttft_ms = 0;
-  bytes logits;  // [generated][vocab] f32 when req.want_logits
+  bytes logits;                 // [sampled][vocab] f32 when req.want_logits
   bool cancelled = false;
+  bool homeless = false;        // its shard is gone or leaving: re-place, then re-prefill
 };
 
 // The rows of one shard inside a step's payload.
 struct Group {
   int32_t shard = 0;
+  shard_actor hdl;
   size_t row0 = 0;
   size_t rows = 0;
   std::vector<seq_rows> seqs;
@@ -36,25 +37,23 @@ struct MbState {
   MicroBatchConfig cfg;
   scheduler_actor scheduler;
   stream_actor stream;
-  std::vector<shard_actor> shards;
-  std::vector<Seq> active;   // sorted by shard while a step runs
-  std::vector<Seq> joining;  // admitted, start at the next step
-  bool running = false;
+  std::vector<Seq> active;    // sorted by shard while a step runs
+  std::vector<Seq> joining;   // admitted, start at the next step
+  bool running = false;       // a step or a re-placement is in flight
+  bool replacing = false;     // ... and it is a re-placement
   uint64_t step = 0;
   std::vector<Group> groups;
   size_t rows = 0;
-  int pending = 0;           // shard replies outstanding for the current layer
-  bytes o;                   // [rows][n_heads*head_dim] f32, gathered from the shards
+  int pending = 0;            // shard replies outstanding for the current layer
+  bytes o;                    // [rows][n_heads*head_dim] f32, gathered from the shards
   static inline const char* name = "micro_batch";
 };
 
 using self_ptr = micro_batch_actor::stateful_pointer<MbState>;
 
-void run_step(self_ptr self);
-
 void finish_seq(self_ptr self, Seq& s, std::string error) {
   auto& st = self->state;
-  self->send(st.shards[s.shard], drop_atom::value, s.id);
+  self->send(s.place.hdl, drop_atom::value, s.place.seq);
   gen_result res;
   res.n_prompt = static_cast<int32_t>(s.req.prompt.size());
   res.tokens.assign(s.tokens.begin() + res.n_prompt, s.tokens.end());
@@ -63,18 +62,42 @@ void finish_seq(self_ptr self, Seq& s, std::string error) {
   res.ttft_ms = s.ttft_ms;
   res.error = std::move(error);
   res.logits = std::move(s.logits);
-  self->send(st.scheduler, seq_done{s.id, s.shard, std::move(res)});
+  self->send(st.scheduler, seq_done{s.place.seq, s.place.shard, std::move(res)});
 }
 
-// Every sequence of the step fails with the same error; nothing else is affected.
-void fail_step(self_ptr self, uint64_t step, const caf::error& err) {
+void next_step(self_ptr self) {
+  self->state.running = false;
+  ++self->state.step;  // late replies of the old step are ignored
+  self->send(self, step_atom::value);
+}
+
+// A shard that timed out or died: its sequences move; the step is retried from its start
+// (the shards overwrite the K/V rows they already took for it).
+void shard_failed(self_ptr self, uint64_t step, int32_t shard, const caf::error& err) {
   auto& st = self->state;
   if (!st.running || st.step != step) return;
-  const std::string msg = "step failed: " + self->system().render(err);
+  if (err == caf::sec::request_timeout || err == caf::sec::request_receiver_down) {
+    for (auto& s : st.active)
+      if (s.place.shard == shard) s.homeless = true;
+    self->send(st.scheduler, lost_atom::value, shard);
+  } else {
+    const std::string msg = "R-part failed: " + self->system().render(err);
+    auto it = std::partition(st.active.begin(), st.active.end(),
+                             [&](const Seq& s) { return s.place.shard != shard; });
+    for (auto f = it; f != st.active.end(); ++f) finish_seq(self, *f, msg);
+    st.active.erase(it, st.active.end());
+  }
+  next_step(self);
+}
+
+// The S-part failed: every sequence of the step fails with the same error.
+void stream_failed(self_ptr self, uint64_t step, const caf::error& err) {
+  auto& st = self->state;
+  if (!st.running || st.step != step) return;
+  const std::string msg = "S-part failed: " + self->system().render(err);
   for (auto& s : st.active) finish_seq(self, s, msg);
   st.active.clear();
-  st.running = false;
-  self->send(self, step_atom::value);
+  next_step(self);
 }
 
 bool is_finished(const MbState& st, const Seq& s) {
@@ -98,17 +121,16 @@ void finish_step(self_ptr self, const bytes& logits) {
       if (s.req.want_logits)
         s.logits.insert(s.logits.end(), reinterpret_cast<const char*>(row),
                         reinterpret_cast<const char*>(row + vocab));
+      if (s.tokens.size() == s.req.prompt.size() + 1)
+        s.ttft_ms = std::chrono::duration<double, std::milli>(clock::now() - s.t0).count();
     }
-    if (s.tokens.size() == s.req.prompt.size() + 1)
-      s.ttft_ms = std::chrono::duration<double, std::milli>(clock::now() - s.t0).count();
     if (is_finished(st, s))
       finish_seq(self, s, s.cancelled ? "cancelled" : "");
     else
       keep.push_back(std::move(s));
   }
   st.active = std::move(keep);
-  st.running = false;
-  self->send(self, step_atom::value);
+  next_step(self);
 }
 
 void on_output(self_ptr self, uint64_t step, s_output& out);
@@ -118,7 +140,7 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
   const size_t qw = st.cfg.model.q_width() * sizeof(float);
   const size_t kw = st.cfg.model.kv_width() * sizeof(uint16_t);
   if (out.q.size() != st.rows * qw || out.k.size() != st.rows * kw || out.v.size() != st.rows * kw)
-    return fail_step(self, step, caf::make_error(caf::sec::invalid_argument, "S-part output shape"));
+    return stream_failed(self, step, caf::make_error(caf::sec::invalid_argument, "Q/K/V shape"));
   st.o.assign(st.rows * qw, 0);
   st.pending = static_cast<int>(st.groups.size());
   for (const Group& g : st.groups) {
@@ -129,21 +151,23 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
     req.q.assign(out.q.begin() + g.row0 * qw, out.q.begin() + (g.row0 + g.rows) * qw);
     req.k.assign(out.k.begin() + g.row0 * kw, out.k.begin() + (g.row0 + g.rows) * kw);
     req.v.assign(out.v.begin() + g.row0 * kw, out.v.begin() + (g.row0 + g.rows) * kw);
-    const size_t at = g.row0 * qw;
-    self->request(st.shards[g.shard], st.cfg.timeout, std::move(req))
+    const size_t at = g.row0 * qw, len = g.rows * qw;
+    const int32_t shard = g.shard;
+    self->request(g.hdl, st.cfg.timeout, std::move(req))
         .then(
-            [self, step, layer, at](attn_reply& r) {
+            [self, step, layer, at, len, shard](attn_reply& r) {
               auto& st = self->state;
               if (!st.running || st.step != step) return;
-              if (at + r.o.size() > st.o.size())
-                return fail_step(self, step, caf::make_error(caf::sec::invalid_argument, "O shape"));
+              if (r.o.size() != len)
+                return shard_failed(self, step, shard,
+                                    caf::make_error(caf::sec::invalid_argument, "O shape"));
               std::copy(r.o.begin(), r.o.end(), st.o.begin() + at);
               if (--st.pending > 0) return;
               self->request(st.stream, st.cfg.timeout, layer_o{layer, std::move(st.o)})
                   .then([self, step](s_output& next) { on_output(self, step, next); },
-                        [self, step](caf::error& e) { fail_step(self, step, e); });
+                        [self, step](caf::error& e) { stream_failed(self, step, e); });
             },
-            [self, step](caf::error& e) { fail_step(self, step, e); });
+            [self, step, shard](caf::error& e) { shard_failed(self, step, shard, e); });
   }
 }
 
@@ -152,7 +176,7 @@ void on_output(self_ptr self, uint64_t step, s_output& out) {
   if (!st.running || st.step != step) return;
   if (out.next_layer >= st.cfg.model.n_layers) {
     if (out.logits.size() != st.active.size() * st.cfg.model.vocab * sizeof(float))
-      return fail_step(self, step, caf::make_error(caf::sec::invalid_argument, "logits shape"));
+      return stream_failed(self, step, caf::make_error(caf::sec::invalid_argument, "logits"));
     return finish_step(self, out.logits);
   }
   dispatch_layer(self, step, out.next_layer, out);
@@ -161,14 +185,14 @@ void on_output(self_ptr self, uint64_t step, s_output& out) {
 // Lays the rows out shard by shard: each shard receives one contiguous slice per layer.
 step_tokens plan_step(MbState& st) {
   std::stable_sort(st.active.begin(), st.active.end(),
-                   [](const Seq& a, const Seq& b) { return a.shard < b.shard; });
+                   [](const Seq& a, const Seq& b) { return a.place.shard < b.place.shard; });
   step_tokens in;
   st.groups.clear();
   for (const Seq& s : st.active) {
-    if (st.groups.empty() || st.groups.back().shard != s.shard)
-      st.groups.push_back(Group{s.shard, in.tokens.size(), 0, {}});
+    if (st.groups.empty() || st.groups.back().shard != s.place.shard)
+      st.groups.push_back(Group{s.place.shard, s.place.hdl, in.tokens.size(), 0, {}});
     const int32_t n = static_cast<int32_t>(s.tokens.size()) - s.n_cached;
-    st.groups.back().seqs.push_back(seq_rows{s.id, s.n_cached, n});
+    st.groups.back().seqs.push_back(seq_rows{s.place.seq, s.n_cached, n});
     st.groups.back().rows += static_cast<size_t>(n);
     for (int32_t i = 0; i < n; ++i) {
       in.tokens.push_back(s.tokens[s.n_cached + i]);
@@ -180,36 +204,72 @@ step_tokens plan_step(MbState& st) {
   return in;
 }
 
+// Asks the scheduler for new shards for the homeless sequences; they re-prefill from their
+// token history (prompt and generated so far), so no output changes.
+void replace_homeless(self_ptr self) {
+  auto& st = self->state;
+  replace_request req;
+  for (const Seq& s : st.active)
+    if (s.homeless) req.seqs.push_back(s.place.seq);
+  st.running = st.replacing = true;
+  const uint64_t step = st.step;
+  self->request(st.scheduler, caf::infinite, std::move(req))
+      .then(
+          [self, step](std::vector<seq_place>& places) {
+            auto& st = self->state;
+            if (st.step != step) return;
+            for (auto& p : places)
+              for (auto& s : st.active)
+                if (s.place.seq == p.seq) {
+                  s.place = p;
+                  s.n_cached = 0;
+                  s.homeless = false;
+                }
+            st.replacing = false;
+            next_step(self);
+          },
+          [self, step](caf::error& e) {
+            auto& st = self->state;
+            if (st.step != step) return;
+            const std::string msg = self->system().render(e);
+            auto it = std::partition(st.active.begin(), st.active.end(),
+                                     [](const Seq& s) { return !s.homeless; });
+            for (auto f = it; f != st.active.end(); ++f) finish_seq(self, *f, msg);
+            st.active.erase(it, st.active.end());
+            st.replacing = false;
+            next_step(self);
+          });
+}
+
 void run_step(self_ptr self) {
   auto& st = self->state;
   if (st.running) return;
   for (auto& s : st.joining) st.active.push_back(std::move(s));
   st.joining.clear();
-  auto cancelled = std::partition(st.active.begin(), st.active.end(),
-                                  [](const Seq& s) { return !s.cancelled; });
-  for (auto it = cancelled; it != st.active.end(); ++it) finish_seq(self, *it, "cancelled");
-  st.active.erase(cancelled, st.active.end());
+  auto gone = std::partition(st.active.begin(), st.active.end(),
+                             [](const Seq& s) { return !s.cancelled; });
+  for (auto it = gone; it != st.active.end(); ++it) finish_seq(self, *it, "cancelled");
+  st.active.erase(gone, st.active.end());
+  if (std::any_of(st.active.begin(), st.active.end(), [](const Seq& s) { return s.homeless; }))
+    return replace_homeless(self);
   if (st.active.empty()) return;
   st.running = true;
-  const uint64_t step = ++st.step;
+  const uint64_t step = st.step;
   self->request(st.stream, st.cfg.timeout, plan_step(st))
       .then([self, step](s_output& out) { on_output(self, step, out); },
-            [self, step](caf::error& e) { fail_step(self, step, e); });
+            [self, step](caf::error& e) { stream_failed(self, step, e); });
 }
 
 micro_batch_actor::behavior_type mb_behavior(self_ptr self, MicroBatchConfig cfg,
-                                             scheduler_actor scheduler, stream_actor stream,
-                                             std::vector<shard_actor> shards) {
+                                             scheduler_actor scheduler, stream_actor stream) {
   auto& st = self->state;
   st.cfg = cfg;
   st.scheduler = std::move(scheduler);
   st.stream = std::move(stream);
-  st.shards = std::move(shards);
   return {
       [self](seq_start& start) {
         Seq s;
-        s.id = start.seq;
-        s.shard = start.shard;
+        s.place = start.place;
         s.tokens = start.req.prompt;
         s.sampler = Sampler(SamplingParams{start.req.temperature, start.req.top_k, start.req.top_p,
                                            start.req.seed});
@@ -221,8 +281,19 @@ micro_batch_actor::behavior_type mb_behavior(self_ptr self, MicroBatchConfig cfg
       [self](cancel_atom, uint64_t seq) {
         for (auto* v : {&self->state.active, &self->state.joining})
           for (auto& s : *v)
-            if (s.id == seq) s.cancelled = true;
+            if (s.place.seq == seq) s.cancelled = true;
         if (!self->state.running) self->send(self, step_atom::value);
+      },
+      [self](lost_atom, int32_t shard) {
+        auto& st = self->state;
+        for (auto* v : {&st.active, &st.joining})
+          for (auto& s : *v)
+            if (s.place.shard == shard) s.homeless = true;
+        // A step waiting on the shard would only time out: retry it now, elsewhere.
+        const bool involved = std::any_of(st.groups.begin(), st.groups.end(),
+                                          [&](const Group& g) { return g.shard == shard; });
+        if (st.running && !st.replacing && involved) next_step(self);
+        else if (!st.running) self->send(self, step_atom::value);
       },
       [self](step_atom) { run_step(self); },
   };
@@ -231,9 +302,8 @@ micro_batch_actor::behavior_type mb_behavior(self_ptr self, MicroBatchConfig cfg
 }  // namespace
 
 micro_batch_actor spawn_micro_batch(caf::actor_system& sys, const MicroBatchConfig& cfg,
-                                    scheduler_actor scheduler, stream_actor stream,
-                                    std::vector<shard_actor> shards) {
-  return sys.spawn(mb_behavior, cfg, std::move(scheduler), std::move(stream), std::move(shards));
+                                    scheduler_actor scheduler, stream_actor stream) {
+  return sys.spawn(mb_behavior, cfg, std::move(scheduler), std::move(stream));
 }
 
 }  // namespace fd

@@ -2,8 +2,6 @@
 // of one token per sequence (all prompt tokens on its first step): S-part on the GPU stream,
 // R-part on each sequence's shard, layer by layer, then sampling.
 #pragma once
-#include <vector>
-
 #include "actors/type_ids.h"
 #include "runtime/model.h"
 
@@ -16,7 +14,6 @@ struct MicroBatchConfig {
 };
 
 micro_batch_actor spawn_micro_batch(caf::actor_system& sys, const MicroBatchConfig& cfg,
-                                    scheduler_actor scheduler, stream_actor stream,
-                                    std::vector<shard_actor> shards);
+                                    scheduler_actor scheduler, stream_actor stream);
 
 }  // namespace fd

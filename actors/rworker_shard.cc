@@ -27,7 +27,10 @@ caf::error check_request(const ShardConfig& cfg, const attn_request& r, size_t& 
   if (r.layer < 0 || r.layer >= cfg.kv.n_layers || r.q.size() != rows * qw * sizeof(float) ||
       r.k.size() != rows * kw * sizeof(uint16_t) || r.v.size() != rows * kw * sizeof(uint16_t))
     return caf::make_error(caf::sec::invalid_argument,
-                           cfg.name + ": attention request does not match the model shape");
+                           cfg.name + ": attention request for layer " + std::to_string(r.layer) + " with " +
+                               std::to_string(rows) + " rows does not match the model shape (" +
+                               std::to_string(r.q.size()) + "/" + std::to_string(r.k.size()) +
+                               "/" + std::to_string(r.v.size()) + " bytes of Q/K/V)");
   return caf::none;
 }
 

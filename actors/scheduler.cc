@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <deque>
+#include <iostream>
+#include <map>
 #include <unordered_map>
 
 #include "caf/all.hpp"
@@ -9,69 +11,238 @@
 namespace fd {
 namespace {
 
+using clock = std::chrono::steady_clock;
+
+struct ShardEntry {
+  shard_info info;
+  uint64_t used_pages = 0;  // pages promised to the sequences placed here
+  bool leaving = false;
+};
+
 struct Live {
   caf::typed_response_promise<gen_result> promise;
-  int32_t shard = 0;
-  uint64_t load = 0;  // tokens the sequence may occupy on its shard
+  gen_request req;          // kept until the sequence enters the batch
+  int32_t shard = -1;       // -1 while queued
+  uint64_t tokens = 0;      // the most tokens the sequence can hold
+  clock::time_point since;  // when it started waiting
+};
+
+struct Leave {
+  caf::typed_response_promise<bool> promise;
+  std::vector<int32_t> shards;
+};
+
+struct Replace {
+  caf::typed_response_promise<std::vector<seq_place>> promise;
+  std::vector<uint64_t> seqs;
+  clock::time_point since;
 };
 
 struct SchedState {
   SchedulerConfig cfg;
-  std::vector<shard_actor> shards;
-  std::vector<uint64_t> shard_load;  // [shards] tokens placed
+  std::map<int32_t, ShardEntry> shards;
+  int32_t next_shard = 0;
   micro_batch_actor batch;
   uint64_t next_seq = 1;
   std::unordered_map<uint64_t, Live> live;
-  std::deque<seq_start> queue;  // admitted, waiting for room in the batch
+  std::deque<uint64_t> queue;  // admitted sequences waiting for room in the batch or a shard
   size_t in_batch = 0;
+  std::vector<Leave> leaves;
+  std::vector<Replace> replaces;
+  bool said_waiting = false;
   static inline const char* name = "scheduler";
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<SchedState>;
 
+uint64_t pages_for(uint64_t tokens, int32_t page_tokens) {
+  return (tokens + page_tokens - 1) / page_tokens;
+}
+
+// The serving shard with the most free KV tokens that can hold `tokens`, or -1.
+int32_t place(SchedState& st, uint64_t tokens) {
+  int32_t best = -1;
+  uint64_t best_free = 0;
+  for (auto& [id, e] : st.shards) {
+    if (e.leaving) continue;
+    const uint64_t need = pages_for(tokens, e.info.page_tokens);
+    if (e.used_pages + need > e.info.pages) continue;
+    const uint64_t free_tokens = (e.info.pages - e.used_pages) * e.info.page_tokens;
+    if (best < 0 || free_tokens > best_free) {
+      best = id;
+      best_free = free_tokens;
+    }
+  }
+  if (best >= 0) st.shards[best].used_pages += pages_for(tokens, st.shards[best].info.page_tokens);
+  return best;
+}
+
+void release(SchedState& st, Live& l) {
+  auto it = st.shards.find(l.shard);
+  if (it != st.shards.end())
+    it->second.used_pages -= pages_for(l.tokens, it->second.info.page_tokens);
+  l.shard = -1;
+}
+
+// Whether some shard could ever hold the sequence, were it empty.
+bool could_fit(const SchedState& st, uint64_t tokens) {
+  for (auto& [id, e] : st.shards)
+    if (!e.leaving && pages_for(tokens, e.info.page_tokens) <= e.info.pages) return true;
+  return false;
+}
+
+bool has_serving_shard(const SchedState& st) {
+  return std::any_of(st.shards.begin(), st.shards.end(),
+                     [](const auto& kv) { return !kv.second.leaving; });
+}
+
+void fail(self_ptr self, uint64_t seq, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.live.find(seq);
+  if (it == st.live.end()) return;
+  gen_result r;
+  r.n_prompt = static_cast<int32_t>(it->second.req.prompt.size());
+  r.error = why;
+  release(st, it->second);
+  it->second.promise.deliver(std::move(r));
+  st.live.erase(it);
+}
+
 void admit_queued(self_ptr self) {
   auto& st = self->state;
   while (!st.queue.empty() && st.in_batch < static_cast<size_t>(st.cfg.max_batch)) {
-    self->send(st.batch, std::move(st.queue.front()));
+    const uint64_t seq = st.queue.front();
+    auto it = st.live.find(seq);
+    if (it == st.live.end()) {
+      st.queue.pop_front();
+      continue;
+    }
+    Live& l = it->second;
+    if (has_serving_shard(st) && !could_fit(st, l.tokens)) {
+      st.queue.pop_front();
+      fail(self, seq, "the sequence needs more KV-cache than any R-worker shard holds");
+      continue;
+    }
+    const int32_t shard = place(st, l.tokens);
+    if (shard < 0) {
+      if (!has_serving_shard(st) && !st.said_waiting) {
+        std::cerr << "scheduler: waiting for R-worker shards to join\n";
+        st.said_waiting = true;
+      }
+      return;  // first in, first served: later ones wait too
+    }
+    st.said_waiting = false;
+    l.shard = shard;
     st.queue.pop_front();
     ++st.in_batch;
+    self->send(st.batch, seq_start{seq_place{seq, shard, st.shards[shard].info.hdl},
+                                   std::move(l.req)});
   }
 }
 
-int32_t place(const SchedState& st) {
-  auto it = std::min_element(st.shard_load.begin(), st.shard_load.end());
-  return static_cast<int32_t>(it - st.shard_load.begin());
+// Answers the micro-batch's re-placement requests that can now be served.
+void serve_replaces(self_ptr self) {
+  auto& st = self->state;
+  for (auto it = st.replaces.begin(); it != st.replaces.end();) {
+    std::vector<seq_place> out;
+    bool ok = true;
+    for (uint64_t seq : it->seqs) {
+      auto l = st.live.find(seq);
+      if (l == st.live.end()) continue;  // finished meanwhile
+      release(st, l->second);
+      const int32_t shard = place(st, l->second.tokens);
+      if (shard < 0) {
+        ok = false;
+        break;
+      }
+      l->second.shard = shard;
+      out.push_back(seq_place{seq, shard, st.shards[shard].info.hdl});
+    }
+    if (!ok) {
+      for (auto& p : out) release(st, st.live[p.seq]);
+      ++it;
+      continue;
+    }
+    it->promise.deliver(std::move(out));
+    it = st.replaces.erase(it);
+  }
+}
+
+void finish_leaves(self_ptr self) {
+  auto& st = self->state;
+  for (auto it = st.leaves.begin(); it != st.leaves.end();) {
+    const bool busy = std::any_of(st.live.begin(), st.live.end(), [&](const auto& kv) {
+      return std::find(it->shards.begin(), it->shards.end(), kv.second.shard) != it->shards.end();
+    });
+    if (busy) {
+      ++it;
+      continue;
+    }
+    for (int32_t id : it->shards) st.shards.erase(id);
+    it->promise.deliver(true);
+    it = st.leaves.erase(it);
+  }
+}
+
+void drop_shard(self_ptr self, int32_t id, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.shards.find(id);
+  if (it == st.shards.end()) return;
+  std::cerr << "scheduler: shard " << it->second.info.name << " " << why
+            << "; its sequences move to other shards\n";
+  self->demonitor(it->second.info.hdl.address());
+  caf::anon_send_exit(it->second.info.hdl, caf::exit_reason::kill);
+  st.shards.erase(it);
+  self->send(st.batch, lost_atom::value, id);
+}
+
+shard_ids register_shards(self_ptr self, add_shards& req) {
+  auto& st = self->state;
+  shard_ids out;
+  for (auto& info : req.shards) {
+    if (!info.hdl || info.page_tokens <= 0) continue;
+    const int32_t id = st.next_shard++;
+    self->monitor(info.hdl);
+    std::cerr << "scheduler: shard " << info.name << " joined (" << info.pages << " pages of "
+              << info.page_tokens << " tokens)\n";
+    st.shards.emplace(id, ShardEntry{std::move(info), 0, false});
+    out.ids.push_back(id);
+  }
+  serve_replaces(self);
+  admit_queued(self);
+  return out;
 }
 
 scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg,
-                                              stream_actor stream, std::vector<shard_actor> shards) {
+                                              stream_actor stream) {
   auto& st = self->state;
   st.cfg = cfg;
-  st.shards = shards;
-  st.shard_load.assign(shards.size(), 0);
   st.batch = spawn_micro_batch(self->system(), cfg.batch, caf::actor_cast<scheduler_actor>(self),
-                               std::move(stream), std::move(shards));
+                               std::move(stream));
   self->link_to(st.batch);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    for (auto& [id, e] : self->state.shards)
+      if (e.info.hdl.address() == dm.source) return drop_shard(self, id, "went down");
+  });
+  self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   return {
       [self](gen_request& req) -> caf::result<gen_result> {
         auto& st = self->state;
-        std::string why = check_request(st.cfg.batch.model, req);
-        if (why.empty() && st.shards.empty()) why = "no R-worker shard is available";
-        if (!why.empty()) {
+        if (auto why = check_request(st.cfg.batch.model, req); !why.empty()) {
           gen_result r;
           r.n_prompt = static_cast<int32_t>(req.prompt.size());
           r.error = why;
           return r;
         }
         const uint64_t id = st.next_seq++;
-        Live live;
-        live.promise = self->make_response_promise<gen_result>();
-        live.shard = place(st);
-        live.load = std::min<uint64_t>(req.prompt.size() + req.max_new, st.cfg.batch.model.ctx);
-        st.shard_load[live.shard] += live.load;
-        auto promise = live.promise;
-        st.queue.push_back(seq_start{id, live.shard, std::move(req)});
-        st.live.emplace(id, std::move(live));
+        Live l;
+        l.promise = self->make_response_promise<gen_result>();
+        l.tokens = std::min<uint64_t>(req.prompt.size() + req.max_new, st.cfg.batch.model.ctx);
+        l.req = std::move(req);
+        l.since = clock::now();
+        auto promise = l.promise;
+        st.live.emplace(id, std::move(l));
+        st.queue.push_back(id);
         admit_queued(self);
         return promise;
       },
@@ -79,11 +250,73 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         auto& st = self->state;
         auto it = st.live.find(done.seq);
         if (it == st.live.end()) return;
-        st.shard_load[it->second.shard] -= it->second.load;
+        release(st, it->second);
         it->second.promise.deliver(std::move(done.result));
         st.live.erase(it);
         --st.in_batch;
         admit_queued(self);
+        finish_leaves(self);
+      },
+      [self](add_shards& req) { return register_shards(self, req); },
+      [self](lost_atom, int32_t id) { drop_shard(self, id, "stopped answering"); },
+      [self](stats_atom) {
+        const auto& st = self->state;
+        sched_stats s;
+        for (auto& [id, e] : st.shards) s.shards += e.leaving ? 0 : 1;
+        s.queued = st.queue.size();
+        s.live = st.live.size();
+        return s;
+      },
+      [self](leave_request& req) -> caf::result<bool> {
+        auto& st = self->state;
+        Leave lv{self->make_response_promise<bool>(), {}};
+        for (auto& [id, e] : st.shards)
+          if (std::find(req.shards.begin(), req.shards.end(), e.info.hdl) != req.shards.end()) {
+            e.leaving = true;
+            lv.shards.push_back(id);
+            self->demonitor(e.info.hdl.address());
+            std::cerr << "scheduler: shard " << e.info.name << " is leaving\n";
+            self->send(st.batch, lost_atom::value, id);
+          }
+        auto promise = lv.promise;
+        st.leaves.push_back(std::move(lv));
+        finish_leaves(self);
+        return promise;
+      },
+      [self](replace_request& req) -> caf::result<std::vector<seq_place>> {
+        auto& st = self->state;
+        Replace r{self->make_response_promise<std::vector<seq_place>>(), std::move(req.seqs),
+                  clock::now()};
+        auto promise = r.promise;
+        st.replaces.push_back(std::move(r));
+        serve_replaces(self);
+        finish_leaves(self);
+        return promise;
+      },
+      [self](tick_atom) {
+        auto& st = self->state;
+        const auto now = clock::now();
+        const std::string why = "no R-worker shard could take the sequence within " +
+                                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                                   st.cfg.shard_wait).count()) + " s";
+        for (auto it = st.queue.begin(); it != st.queue.end();) {
+          auto l = st.live.find(*it);
+          if (l != st.live.end() && now - l->second.since > st.cfg.shard_wait) {
+            fail(self, *it, why);
+            it = st.queue.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        for (auto it = st.replaces.begin(); it != st.replaces.end();) {
+          if (now - it->since > st.cfg.shard_wait) {
+            it->promise.deliver(caf::make_error(caf::sec::runtime_error, why));
+            it = st.replaces.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
       },
   };
 }
@@ -97,7 +330,8 @@ std::string check_request(const ModelConfig& model, const gen_request& req) {
            " tokens, but the model's context holds " + std::to_string(model.ctx) +
            " (prompt and generated tokens together)";
   for (int32_t t : req.prompt)
-    if (t < 0 || t >= model.vocab) return "prompt token id " + std::to_string(t) + " is not in the vocabulary";
+    if (t < 0 || t >= model.vocab)
+      return "prompt token id " + std::to_string(t) + " is not in the vocabulary";
   if (req.max_new < 1) return "the number of tokens to generate must be at least 1";
   if (!(req.temperature >= 0)) return "temperature must be >= 0";
   if (!(req.top_p > 0 && req.top_p <= 1)) return "top-p must be in (0, 1]";
@@ -105,8 +339,8 @@ std::string check_request(const ModelConfig& model, const gen_request& req) {
 }
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, const SchedulerConfig& cfg,
-                                stream_actor stream, std::vector<shard_actor> shards) {
-  return sys.spawn(sched_behavior, cfg, std::move(stream), std::move(shards));
+                                stream_actor stream) {
+  return sys.spawn(sched_behavior, cfg, std::move(stream));
 }
 
 }  // namespace fd

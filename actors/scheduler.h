@@ -1,5 +1,6 @@
-// Scheduler: admits generation requests, places each sequence on the shard with the least load,
-// and feeds the micro-batch; answers each request when its sequence leaves the batch.
+// Scheduler: admits generation requests, places each sequence on the shard with the most free
+// KV capacity, feeds the micro-batch, and answers each request when its sequence leaves. Shards
+// may join, leave or die at any time; their sequences are re-placed and re-prefilled.
 #pragma once
 #include <vector>
 
@@ -10,11 +11,12 @@ namespace fd {
 
 struct SchedulerConfig {
   MicroBatchConfig batch;
-  int max_batch = 256;  // sequences stepping together; more wait in the queue
+  int max_batch = 256;                                   // sequences stepping together
+  caf::timespan shard_wait = std::chrono::seconds(30);   // how long work waits for a shard
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, const SchedulerConfig& cfg,
-                                stream_actor stream, std::vector<shard_actor> shards);
+                                stream_actor stream);
 
 // The reason a request cannot run on this model, or "" when it can.
 std::string check_request(const ModelConfig& model, const gen_request& req);

@@ -1,8 +1,9 @@
 #include "actors/system.h"
 
 #include "actors/gpu_stream.h"
-#include "actors/rworker_shard.h"
 #include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "runtime/error.h"
 
 namespace fd {
 
@@ -15,26 +16,61 @@ void configure_caf(caf::actor_system_config& cfg, int scheduler_threads) {
   cfg.set("logger.verbosity", caf::atom("quiet"));
 }
 
-LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
-                           const LocalOptions& opt) {
-  LocalNode node;
+std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
+                                     const KvStoreConfig& kv, const kernels::AttnDims& dims) {
+  std::vector<shard_info> out;
+  caf::scoped_actor self{sys};
+  for (int i = 0; i < n; ++i) {
+    ShardConfig sc{prefix + std::to_string(i), kv, dims};
+    shard_info info;
+    info.hdl = spawn_shard(sys, sc);
+    info.name = sc.name;
+    info.page_tokens = kv.block_tokens;
+    self->request(info.hdl, std::chrono::seconds(30), stats_atom::value)
+        .receive([&](shard_stats& s) { info.pages = s.free_pages + s.used_pages; },
+                 [&](caf::error& e) { throw Error("shard " + sc.name + ": " + sys.render(e)); });
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
+                       const LocalOptions& opt) {
+  GpuNode node;
   node.model = model;
   node.backend = make_cpu_backend(*model);
-  const ModelConfig& mc = model->cfg;
-  for (int i = 0; i < opt.shards; ++i) {
-    ShardConfig sc;
-    sc.name = "shard-" + std::to_string(i);
-    sc.kv = KvStoreConfig{mc.n_layers, mc.n_kv_heads, mc.head_dim, opt.block_tokens, opt.kv_memory};
-    sc.dims = kernels::AttnDims{mc.n_heads, mc.n_kv_heads, mc.head_dim};
-    node.shards.push_back(spawn_shard(sys, sc));
-  }
   node.stream = spawn_gpu_stream(sys, node.backend);
   SchedulerConfig sc;
-  sc.batch.model = mc;
+  sc.batch.model = model->cfg;
   sc.batch.eos = model->vocab.eos;
   sc.batch.timeout = opt.timeout;
   sc.max_batch = opt.max_batch;
-  node.scheduler = spawn_scheduler(sys, sc, node.stream, node.shards);
+  sc.shard_wait = opt.shard_wait;
+  node.scheduler = spawn_scheduler(sys, sc, node.stream);
+  return node;
+}
+
+void configure_network(caf::actor_system_config& cfg, caf::timespan connection_timeout) {
+  cfg.load<caf::io::middleman>();
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
+  cfg.set("middleman.connection-timeout", connection_timeout);
+}
+
+LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
+                           const LocalOptions& opt) {
+  GpuNode gpu = start_gpu_node(sys, model, opt);
+  LocalNode node{gpu.model, gpu.backend, {}, gpu.stream, gpu.scheduler};
+  const ModelConfig& mc = model->cfg;
+  add_shards reg;
+  reg.shards = spawn_shards(sys, "shard-", opt.shards,
+                            KvStoreConfig{mc.n_layers, mc.n_kv_heads, mc.head_dim,
+                                          opt.block_tokens, opt.kv_memory},
+                            kernels::AttnDims{mc.n_heads, mc.n_kv_heads, mc.head_dim});
+  for (auto& s : reg.shards) node.shards.push_back(s.hdl);
+  caf::scoped_actor self{sys};
+  self->request(node.scheduler, std::chrono::seconds(30), std::move(reg))
+      .receive([](shard_ids&) {},
+               [&](caf::error& e) { throw Error("registering shards: " + sys.render(e)); });
   return node;
 }
 

@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "actors/rworker_shard.h"
 #include "actors/scheduler.h"
 #include "actors/type_ids.h"
 #include "caf/actor_system_config.hpp"
@@ -14,13 +15,28 @@ namespace fd {
 // Boost.Program_options owns the command line.
 void configure_caf(caf::actor_system_config& cfg, int scheduler_threads);
 
+// Loads the middleman (before the actor system is built) with heartbeats on, so a silent peer
+// is declared dead after connection_timeout.
+void configure_network(caf::actor_system_config& cfg, caf::timespan connection_timeout);
+
 struct LocalOptions {
   int shards = 2;
   size_t kv_memory = size_t(1) << 30;  // bytes per shard
   int block_tokens = 16;
   int max_batch = 256;
-  caf::timespan timeout = std::chrono::seconds(60);
+  caf::timespan timeout = std::chrono::seconds(60);     // per S-part or R-part request
+  caf::timespan shard_wait = std::chrono::seconds(30);  // work waits this long for a shard
 };
+
+// The scheduler and its GPU stream, with no shard yet (`--role gpu`).
+struct GpuNode {
+  std::shared_ptr<const Model> model;
+  std::shared_ptr<const SPartBackend> backend;
+  stream_actor stream;
+  scheduler_actor scheduler;
+};
+GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
+                       const LocalOptions& opt);
 
 // Shards, one GPU stream and the scheduler, all in this process.
 struct LocalNode {
@@ -34,6 +50,10 @@ struct LocalNode {
 LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
                            const LocalOptions& opt);
 void stop_local_node(LocalNode& node);
+
+// Spawns n shards for the given attention shape and describes them for registration.
+std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
+                                     const KvStoreConfig& kv, const kernels::AttnDims& dims);
 
 // Sends every request at once and waits for all answers; a failed or timed-out request gets its
 // error in gen_result::error, the others are unaffected.

@@ -1,5 +1,5 @@
-// The typed actor interfaces and the one CAF type-ID block of the project. A type missing here
-// fails between nodes with a misleading `unexpected_message`.
+// The typed actor interfaces, the messages that carry actor handles, and the one CAF type-ID
+// block of the project. A type missing here fails between nodes with `unexpected_message`.
 #pragma once
 #include "actors/messages.h"
 #include "caf/actor_system_config.hpp"
@@ -19,16 +19,94 @@ using stream_actor = caf::typed_actor<
     caf::replies_to<step_tokens>::with<s_output>,  // embed, then layer 0 up to attention
     caf::replies_to<layer_o>::with<s_output>>;     // finish a layer, start the next or give logits
 
+// A shard as the scheduler knows it.
+struct shard_info {
+  shard_actor hdl;
+  std::string name;
+  uint64_t pages = 0;        // KV-cache capacity
+  int32_t page_tokens = 0;   // tokens per page
+};
+
+// CPU node -> gatekeeper: second step of joining; the shards are up and serve this run.
+struct add_shards {
+  std::string token;
+  uint64_t run_id = 0;
+  std::vector<shard_info> shards;
+};
+
+// CPU node -> gatekeeper: the node is shutting down; its sequences must move first.
+struct leave_request {
+  std::string token;
+  std::vector<shard_actor> shards;
+};
+
+// Scheduler -> CPU node: the ids its shards got.
+struct shard_ids {
+  std::vector<int32_t> ids;
+};
+
+// Scheduler -> micro-batch: where a sequence's KV-cache lives.
+struct seq_place {
+  uint64_t seq = 0;
+  int32_t shard = 0;  // the scheduler's shard id
+  shard_actor hdl;
+};
+
+// Scheduler -> micro-batch: a sequence joins at the next step.
+struct seq_start {
+  seq_place place;
+  gen_request req;
+};
+
 // Micro-batch: a set of sequences that step through the model together.
 using micro_batch_actor = caf::typed_actor<
-    caf::reacts_to<seq_start>,             // admit a sequence at the next step
-    caf::reacts_to<cancel_atom, uint64_t>, // drop a sequence (client gone)
-    caf::reacts_to<step_atom>>;            // run the next step if idle
+    caf::reacts_to<seq_start>,               // admit a sequence at the next step
+    caf::reacts_to<cancel_atom, uint64_t>,   // drop a sequence (client gone)
+    caf::reacts_to<lost_atom, int32_t>,      // move every sequence off this shard
+    caf::reacts_to<step_atom>>;              // run the next step if idle
 
 // Scheduler: admits requests, places sequences on shards, feeds micro-batches.
 using scheduler_actor = caf::typed_actor<
-    caf::replies_to<gen_request>::with<gen_result>,  // generate a completion
-    caf::reacts_to<seq_done>>;                       // a sequence left its micro-batch
+    caf::replies_to<gen_request>::with<gen_result>,                  // generate a completion
+    caf::reacts_to<seq_done>,                                        // a sequence left its batch
+    caf::replies_to<add_shards>::with<shard_ids>,         // shards join (ids back)
+    caf::replies_to<leave_request>::with<bool>,                      // shards leave after moving
+    caf::replies_to<replace_request>::with<std::vector<seq_place>>,  // re-place sequences
+    caf::reacts_to<lost_atom, int32_t>,                              // a shard stopped answering
+    caf::replies_to<stats_atom>::with<sched_stats>,                  // shards, queue, live
+    caf::reacts_to<tick_atom>>;                                      // expire waiting work
+
+// Gatekeeper: the one actor a node publishes; checks the cluster secret and protocol version.
+using gatekeeper_actor = caf::typed_actor<
+    caf::replies_to<join_request>::with<join_reply>,              // CPU node: model shape
+    caf::replies_to<add_shards>::with<shard_ids>,      // CPU node: register shards
+    caf::replies_to<leave_request>::with<bool>,                   // CPU node: leave cleanly
+    caf::replies_to<client_hello>::with<scheduler_actor>>;        // client: the scheduler
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_info& x) {
+  return f(caf::meta::type_name("shard_info"), x.hdl, x.name, x.pages, x.page_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, add_shards& x) {
+  return f(caf::meta::type_name("add_shards"), x.token, x.run_id, x.shards);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, leave_request& x) {
+  return f(caf::meta::type_name("leave_request"), x.token, x.shards);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_ids& x) {
+  return f(caf::meta::type_name("shard_ids"), x.ids);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, seq_place& x) {
+  return f(caf::meta::type_name("seq_place"), x.seq, x.shard, x.hdl);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, seq_start& x) {
+  return f(caf::meta::type_name("seq_start"), x.place, x.req);
+}
 
 }  // namespace fd
 
@@ -37,15 +115,26 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::seq_rows))
 CAF_ADD_TYPE_ID(fastdecode, (fd::attn_request))
 CAF_ADD_TYPE_ID(fastdecode, (fd::attn_reply))
 CAF_ADD_TYPE_ID(fastdecode, (fd::shard_stats))
+CAF_ADD_TYPE_ID(fastdecode, (fd::sched_stats))
 CAF_ADD_TYPE_ID(fastdecode, (fd::step_tokens))
 CAF_ADD_TYPE_ID(fastdecode, (fd::layer_o))
 CAF_ADD_TYPE_ID(fastdecode, (fd::s_output))
 CAF_ADD_TYPE_ID(fastdecode, (fd::gen_request))
 CAF_ADD_TYPE_ID(fastdecode, (fd::gen_result))
-CAF_ADD_TYPE_ID(fastdecode, (fd::seq_start))
 CAF_ADD_TYPE_ID(fastdecode, (fd::seq_done))
+CAF_ADD_TYPE_ID(fastdecode, (fd::join_request))
+CAF_ADD_TYPE_ID(fastdecode, (fd::join_reply))
+CAF_ADD_TYPE_ID(fastdecode, (fd::client_hello))
+CAF_ADD_TYPE_ID(fastdecode, (fd::replace_request))
+CAF_ADD_TYPE_ID(fastdecode, (fd::shard_info))
+CAF_ADD_TYPE_ID(fastdecode, (fd::add_shards))
+CAF_ADD_TYPE_ID(fastdecode, (fd::leave_request))
+CAF_ADD_TYPE_ID(fastdecode, (fd::seq_place))
+CAF_ADD_TYPE_ID(fastdecode, (fd::seq_start))
 CAF_ADD_TYPE_ID(fastdecode, (fd::shard_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::stream_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::micro_batch_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::scheduler_actor))
+CAF_ADD_TYPE_ID(fastdecode, (fd::gatekeeper_actor))
+CAF_ADD_TYPE_ID(fastdecode, (fd::shard_ids))
 CAF_END_TYPE_ID_BLOCK(fastdecode)

@@ -1,6 +1,7 @@
 // fastdecode-node: one node of a FastDecode deployment.
 #include <iostream>
 
+#include "examples/common/net_roles.h"
 #include "examples/common/node_options.h"
 #include "examples/common/run_prompts.h"
 
@@ -8,8 +9,8 @@ int main(int argc, char** argv) {
   try {
     fd::NodeArgs args;
     if (!fd::parse_node_args(argc, argv, args)) return 0;
-    if (args.role != "all")
-      throw fd::Error("--role " + args.role + " is not available yet in this build; use --role all");
+    if (args.role == "gpu") return fd::run_gpu_role(args);
+    if (args.role == "cpu") return fd::run_cpu_role(args);
     return fd::run_prompts_all(args);
   } catch (const std::exception& e) {
     std::cerr << "fastdecode-node: error: " << e.what() << "\n";

@@ -2,6 +2,7 @@
 
 #include <boost/program_options.hpp>
 #include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -28,6 +29,23 @@ size_t parse_size(const std::string& text) {
   return static_cast<size_t>(v * mul);
 }
 
+HostPort parse_host_port(const std::string& text, const char* flag) {
+  const auto colon = text.rfind(':');
+  HostPort hp;
+  hp.host = colon == std::string::npos ? text : text.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : text.substr(colon + 1);
+  char* end = nullptr;
+  const long p = std::strtol(port.c_str(), &end, 10);
+  if (hp.host.empty() || port.empty() || *end != '\0' || p < 1 || p > 65535)
+    throw Error(std::string(flag) + " must be HOST:PORT with a port in 1..65535, not '" + text + "'");
+  hp.port = static_cast<uint16_t>(p);
+  return hp;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 namespace {
 
 std::vector<std::string> read_prompt_file(const std::string& path) {
@@ -44,7 +62,7 @@ std::vector<std::string> read_prompt_file(const std::string& path) {
 bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   std::vector<std::string> prompts;
   std::string prompts_file, kv_memory = "1GiB";
-  double timeout_s = 60;
+  double timeout_s = 60, shard_wait_s = 30;
   po::options_description desc("fastdecode-node options");
   desc.add_options()
       ("help,h", "show this help")
@@ -62,7 +80,15 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("max-batch", po::value(&a.local.max_batch)->default_value(256), "sequences per step")
       ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
       ("threads", po::value(&a.threads)->default_value(2), "actor scheduler threads")
-      ("json", po::bool_switch(&a.json), "one JSON object per prompt per line");
+      ("json", po::bool_switch(&a.json), "one JSON object per prompt per line")
+      ("listen", po::value(&a.listen)->default_value("127.0.0.1:4242"), "gpu: HOST:PORT to serve")
+      ("join", po::value(&a.join), "cpu: HOST:PORT of the gpu node")
+      ("token", po::value(&a.token), "cluster secret (default: $FASTDECODE_TOKEN)")
+      ("min-shards", po::value(&a.min_shards)->default_value(1), "gpu: shards to wait for")
+      ("min-shards-wait", po::value(&a.min_shards_wait_s)->default_value(60), "gpu: seconds")
+      ("shard-wait", po::value(&shard_wait_s)->default_value(30),
+       "seconds work waits for a shard when none can take it")
+      ("name", po::value(&a.node_name), "cpu: node name in logs");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -85,6 +111,14 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   a.local.kv_memory = parse_size(kv_memory);
   a.local.timeout = caf::timespan{std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(timeout_s))};
+  if (!(shard_wait_s > 0)) throw Error("--shard-wait must be positive");
+  a.local.shard_wait = caf::timespan{std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(shard_wait_s))};
+  if (a.token.empty())
+    if (const char* env = std::getenv("FASTDECODE_TOKEN")) a.token = env;
+  if (a.role == "cpu" && a.join.empty()) throw Error("--role cpu needs --join HOST:PORT");
+  if (a.role != "cpu" && !a.join.empty()) throw Error("--join is only for --role cpu");
+  if (a.min_shards < 1) throw Error("--min-shards must be at least 1");
   a.prompts = prompts;
   if (!prompts_file.empty())
     for (auto& p : read_prompt_file(prompts_file)) a.prompts.push_back(p);

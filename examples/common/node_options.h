@@ -18,7 +18,21 @@ struct NodeArgs {
   LocalOptions local;
   int threads = 2;  // CAF scheduler threads
   bool json = false;
+  // Network roles.
+  std::string listen = "127.0.0.1:4242";  // --role gpu
+  std::string join;                       // --role cpu: the gpu node
+  std::string token;                      // cluster secret (--token or FASTDECODE_TOKEN)
+  int min_shards = 1;                     // --role gpu with prompts: wait for this many
+  double min_shards_wait_s = 60;
+  std::string node_name;                  // --role cpu: name in logs
 };
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+HostPort parse_host_port(const std::string& text, const char* flag);
+bool is_loopback(const std::string& host);
 
 // Throws fd::Error with one line naming the bad flag or value. Returns false after --help.
 bool parse_node_args(int argc, const char* const* argv, NodeArgs& out);

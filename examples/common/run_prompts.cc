@@ -66,21 +66,13 @@ void print_result(const NodeArgs& args, const Tokenizer& tok, const std::string&
 
 }  // namespace
 
-int run_prompts_all(const NodeArgs& args) {
-  auto model = load_or_synthesize(args.model_path);
-  Tokenizer tok(model->vocab);
-  if (args.prompts.empty()) throw Error("no prompt given (use --prompt TEXT or --prompts FILE)");
-
-  kernels::set_gemm_threads(2);
-  caf::actor_system_config cfg;
-  configure_caf(cfg, args.threads);
-  caf::actor_system sys{cfg};
-  LocalNode node = start_local_node(sys, model, args.local);
-
+int generate_and_print(caf::actor_system& sys, const scheduler_actor& scheduler,
+                       const Model& model, const NodeArgs& args) {
+  Tokenizer tok(model.vocab);
   std::vector<gen_request> reqs;
   for (const auto& p : args.prompts) {
     gen_request r;
-    r.prompt = tok.encode(p, model->vocab.add_bos);
+    r.prompt = tok.encode(p, model.vocab.add_bos);
     r.max_new = args.n_predict;
     r.temperature = args.sampling.temperature;
     r.top_k = args.sampling.top_k;
@@ -89,7 +81,7 @@ int run_prompts_all(const NodeArgs& args) {
     reqs.push_back(std::move(r));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  auto results = generate(sys, node.scheduler, reqs, std::chrono::hours(24));
+  auto results = generate(sys, scheduler, reqs, std::chrono::hours(24));
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   int failed = 0;
@@ -105,14 +97,27 @@ int run_prompts_all(const NodeArgs& args) {
     n_decode += results[i].tokens.empty() ? 0 : results[i].tokens.size() - 1;
     max_ttft_ms = std::max(max_ttft_ms, results[i].ttft_ms);
   }
+  std::cout.flush();
   const double decode_s = wall_s - max_ttft_ms / 1000;
   std::fprintf(stderr,
                "%zu prompts, %d failed; %zu tokens in %.3f s; decode %.1f tokens/s after prefill "
                "%.1f ms\n",
                results.size(), failed, n_gen, wall_s, decode_s > 0 ? n_decode / decode_s : 0.0,
                max_ttft_ms);
-  stop_local_node(node);
   return failed ? 1 : 0;
+}
+
+int run_prompts_all(const NodeArgs& args) {
+  auto model = load_or_synthesize(args.model_path);
+  if (args.prompts.empty()) throw Error("no prompt given (use --prompt TEXT or --prompts FILE)");
+  kernels::set_gemm_threads(2);
+  caf::actor_system_config cfg;
+  configure_caf(cfg, args.threads);
+  caf::actor_system sys{cfg};
+  LocalNode node = start_local_node(sys, model, args.local);
+  const int rc = generate_and_print(sys, node.scheduler, *model, args);
+  stop_local_node(node);
+  return rc;
 }
 
 }  // namespace fd

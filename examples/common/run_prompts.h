@@ -2,6 +2,7 @@
 #pragma once
 #include <memory>
 
+#include "actors/type_ids.h"
 #include "examples/common/node_options.h"
 #include "runtime/error.h"
 #include "runtime/model.h"
@@ -11,8 +12,12 @@ namespace fd {
 // The model of --model, or the built-in synthetic one (announced on stderr).
 std::shared_ptr<const Model> load_or_synthesize(const std::string& path);
 
-// Generates every prompt and prints the completions; returns the process exit code
-// (0, or 1 when some prompt failed; the others still complete).
+// Generates every prompt of args on the scheduler and prints the completions; returns the exit
+// code (0, or 1 when some prompt failed; the others still complete).
+int generate_and_print(caf::actor_system& sys, const scheduler_actor& scheduler,
+                       const Model& model, const NodeArgs& args);
+
+// `--role all`.
 int run_prompts_all(const NodeArgs& args);
 
 }  // namespace fd

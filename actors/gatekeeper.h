@@ -1,0 +1,24 @@
+// Gatekeeper: the one actor a gpu node publishes on its port. A peer reaches the scheduler, or
+// registers shards, only by presenting the cluster secret and the same protocol version.
+#pragma once
+#include <string>
+
+#include "actors/type_ids.h"
+#include "runtime/model.h"
+
+namespace fd {
+
+struct GatekeeperConfig {
+  std::string token;     // cluster secret; empty only on loopback
+  uint64_t run_id = 0;   // random per gpu-node run
+  ModelConfig model;
+  int block_tokens = 16;
+};
+
+gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const GatekeeperConfig& cfg,
+                                  scheduler_actor scheduler);
+
+// Equal in time independent of where the strings differ.
+bool same_secret(const std::string& a, const std::string& b);
+
+}  // namespace fd

@@ -1,0 +1,273 @@
+#include "examples/common/bench_attention.h"
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "examples/common/json.h"
+#include "examples/common/node_options.h"
+#include "kernels/attention.h"
+#include "kernels/kv_format.h"
+#include "kernels/ops.h"
+#include "kernels/stream.h"
+#include "kernels/thread_pool.h"
+#include "runtime/error.h"
+#include "runtime/kv_store.h"
+
+namespace po = boost::program_options;
+
+namespace fd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  bool json = false;
+  std::vector<int> head_dims, gqas, ctxs, batches;
+  std::vector<kernels::KvDtype> dtypes;
+  int threads = 1;
+  int kv_heads = 8;
+  int block_tokens = 16;
+  double min_time = 0.2;  // seconds per case
+  size_t max_kv_bytes = 0;
+  size_t stream_bytes = 0;
+};
+
+std::vector<int> parse_ints(const std::string& text, const char* flag) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v <= 0)
+      throw Error(std::string("--") + flag + " must be a comma-separated list of positive integers, not '" +
+                  text + "'.");
+    out.push_back(v);
+  }
+  if (out.empty()) throw Error(std::string("--") + flag + " needs at least one value.");
+  return out;
+}
+
+std::vector<kernels::KvDtype> parse_dtypes(const std::string& text) {
+  std::vector<kernels::KvDtype> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    kernels::KvDtype d;
+    if (!kernels::parse_kv_dtype(item, &d))
+      throw Error("--kv-dtype must list f16, q8 or q4, not '" + item + "'.");
+    out.push_back(d);
+  }
+  if (out.empty()) throw Error("--kv-dtype needs at least one value.");
+  return out;
+}
+
+// Returns false when --help was printed.
+bool parse_options(int argc, char** argv, BenchOptions& o) {
+  const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  po::options_description desc("fastdecode-bench attention [options]");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("json", po::bool_switch(&o.json), "print one JSON object per case instead of a table")
+      ("quick", po::bool_switch(), "small grid (head-dim 128, gqa 1,4, ctx 512,2048, batch 1,16,64)")
+      ("head-dim", po::value<std::string>()->default_value("64,128"), "head sizes")
+      ("gqa", po::value<std::string>()->default_value("1,4"), "query heads per kv head")
+      ("ctx", po::value<std::string>()->default_value("128,512,2048,8192"), "context lengths (tokens)")
+      ("batch", po::value<std::string>()->default_value("1,16,64,256,1024"), "sequences per call")
+      ("kv-dtype", po::value<std::string>()->default_value("f16"), "KV formats: f16,q8,q4")
+      ("threads", po::value<int>(&o.threads)->default_value(hw), "attention and stream threads")
+      ("kv-heads", po::value<int>(&o.kv_heads)->default_value(8), "kv heads per sequence")
+      ("block-tokens", po::value<int>(&o.block_tokens)->default_value(16), "tokens per KV page")
+      ("min-time", po::value<double>(&o.min_time)->default_value(0.2), "seconds measured per case")
+      ("max-kv", po::value<std::string>()->default_value("1GiB"), "skip cases whose KV exceeds this")
+      ("stream-size", po::value<std::string>()->default_value("1GiB"), "bandwidth probe array size");
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, desc), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n"
+              << "Decode attention (one query row per sequence) over one layer's KV-cache; GB/s counts\n"
+                 "the KV bytes read, tokens/s the sequences served per second for that layer, ratio\n"
+                 "is GB/s over the streaming read bandwidth (median of 7 passes) of the same threads.\n";
+    return false;
+  }
+  const bool quick = vm["quick"].as<bool>();
+  auto pick = [&](const char* name, const char* quick_value) {
+    return quick && vm[name].defaulted() ? std::string(quick_value) : vm[name].as<std::string>();
+  };
+  o.head_dims = parse_ints(pick("head-dim", "128"), "head-dim");
+  o.gqas = parse_ints(pick("gqa", "1,4"), "gqa");
+  o.ctxs = parse_ints(pick("ctx", "512,2048"), "ctx");
+  o.batches = parse_ints(pick("batch", "1,16,64"), "batch");
+  o.dtypes = parse_dtypes(vm["kv-dtype"].as<std::string>());
+  o.max_kv_bytes = parse_size(vm["max-kv"].as<std::string>());
+  o.stream_bytes = parse_size(pick("stream-size", "256MiB"));
+  if (quick && vm["min-time"].defaulted()) o.min_time = 0.1;
+  if (o.threads < 1 || o.kv_heads < 1 || o.block_tokens < 1 || o.min_time < 0)
+    throw Error("--threads, --kv-heads and --block-tokens must be positive and --min-time not negative.");
+  return true;
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Read bandwidth of a sum over an array far larger than the caches, split over the pool.
+double stream_gbps(kernels::ThreadPool& pool, size_t bytes) {
+  const size_t n = std::max<size_t>(bytes / sizeof(float), 1 << 20);
+  const std::vector<float> a(n, 1.0f);
+  const size_t chunks = 256;
+  std::vector<double> part(chunks);
+  std::vector<double> times;
+  for (int rep = 0; rep < 7; ++rep) {
+    const auto t0 = Clock::now();
+    pool.run(chunks, [&](size_t i) {
+      const size_t lo = n * i / chunks, hi = n * (i + 1) / chunks;
+      part[i] = kernels::sum_f32(a.data() + lo, hi - lo);
+    });
+    times.push_back(seconds_since(t0));
+    double total = 0;
+    for (double p : part) total += p;
+    if (total != static_cast<double>(n)) throw Error("The bandwidth probe summed the wrong value.");
+  }
+  return static_cast<double>(n * sizeof(float)) / median(times) / 1e9;
+}
+
+struct CaseResult {
+  bool ran = false;
+  double kv_bytes = 0, seconds = 0;
+};
+
+CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::KvDtype dtype,
+                    int head_dim, int gqa, int ctx, int batch) {
+  CaseResult r;
+  const kernels::KvFormat& fmt = kernels::kv_format(dtype);
+  if (!fmt.supports(head_dim)) return r;
+  const size_t blocks = (static_cast<size_t>(ctx) + o.block_tokens - 1) / o.block_tokens;
+  const size_t head_bytes = fmt.head_block_bytes(o.block_tokens, head_dim);
+  const size_t seq_bytes = blocks * o.kv_heads * 2 * head_bytes;
+  if (seq_bytes * batch > o.max_kv_bytes) return r;
+
+  KvStoreConfig cfg;
+  cfg.n_layers = 1;
+  cfg.n_kv_heads = o.kv_heads;
+  cfg.head_dim = head_dim;
+  cfg.block_tokens = o.block_tokens;
+  cfg.dtype = dtype;
+  cfg.capacity_bytes = (2 * o.kv_heads * head_bytes + 63) / 64 * 64 * blocks * batch;  // page size
+  KvStore store(cfg);
+
+  std::mt19937 rng(static_cast<uint32_t>(ctx * 131 + head_dim));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
+  std::vector<float> f(static_cast<size_t>(ctx) * row);
+  std::vector<uint16_t> k(f.size()), v(f.size());
+  for (auto& x : f) x = dist(rng);
+  kernels::f32_to_f16(f.data(), k.data(), f.size());
+  for (auto& x : f) x = dist(rng);
+  kernels::f32_to_f16(f.data(), v.data(), f.size());
+  for (int s = 0; s < batch; ++s) {
+    store.reserve(static_cast<uint64_t>(s), ctx);
+    store.append(static_cast<uint64_t>(s), 0, 0, k.data(), v.data(), ctx);
+  }
+
+  const kernels::AttnDims dims{o.kv_heads * gqa, o.kv_heads, head_dim};
+  const size_t qw = static_cast<size_t>(dims.n_heads) * head_dim;
+  std::vector<float> q(qw * batch), out(qw * batch);
+  for (auto& x : q) x = dist(rng);
+  std::vector<kernels::AttnItem> items(static_cast<size_t>(batch));
+  for (int s = 0; s < batch; ++s) {
+    auto& it = items[static_cast<size_t>(s)];
+    it.q = q.data() + qw * s;
+    it.out = out.data() + qw * s;
+    it.n_q = 1;
+    it.q_pos0 = ctx - 1;
+    it.kv = store.view_blocks(static_cast<uint64_t>(s), 0);
+  }
+
+  kernels::attention_batch(items.data(), items.size(), dims, pool);  // warm-up
+  std::vector<double> times;
+  const auto start = Clock::now();
+  while (times.size() < 3 || seconds_since(start) < o.min_time) {
+    const auto t0 = Clock::now();
+    kernels::attention_batch(items.data(), items.size(), dims, pool);
+    times.push_back(seconds_since(t0));
+  }
+  r.ran = true;
+  r.kv_bytes = static_cast<double>(seq_bytes) * batch;
+  r.seconds = median(times);
+  return r;
+}
+
+}  // namespace
+
+int bench_attention_main(int argc, char** argv) {
+  BenchOptions o;
+  if (!parse_options(argc, argv, o)) return 0;
+  kernels::ThreadPool pool(o.threads);
+  const double stream = stream_gbps(pool, o.stream_bytes);
+  if (!o.json) {
+    std::printf("threads %d, kv heads %d, block %d tokens; stream read bandwidth %.1f GB/s\n", o.threads,
+                o.kv_heads, o.block_tokens, stream);
+    std::printf("%-5s %4s %4s %6s %6s %9s %8s %7s %6s %12s\n", "kv", "hd", "gqa", "ctx", "batch",
+                "KV MiB", "GB/s", "stream", "ratio", "tokens/s");
+  }
+  int skipped = 0;
+  for (auto dtype : o.dtypes)
+    for (int hd : o.head_dims)
+      for (int gqa : o.gqas)
+        for (int ctx : o.ctxs)
+          for (int batch : o.batches) {
+            const CaseResult r = run_case(o, pool, dtype, hd, gqa, ctx, batch);
+            if (!r.ran) {
+              ++skipped;
+              continue;
+            }
+            const double gbps = r.kv_bytes / r.seconds / 1e9;
+            const double tps = batch / r.seconds;
+            if (o.json) {
+              JsonLine line;
+              line.add("kv_dtype", std::string(kernels::kv_dtype_name(dtype)))
+                  .add("head_dim", int64_t{hd})
+                  .add("gqa", int64_t{gqa})
+                  .add("ctx", int64_t{ctx})
+                  .add("batch", int64_t{batch})
+                  .add("threads", int64_t{o.threads})
+                  .add("kv_heads", int64_t{o.kv_heads})
+                  .add("kv_mib", r.kv_bytes / (1 << 20))
+                  .add("gbps", gbps)
+                  .add("stream_gbps", stream)
+                  .add("ratio", gbps / stream)
+                  .add("tokens_per_s", tps);
+              std::cout << line.str() << std::endl;
+            } else {
+              std::printf("%-5s %4d %4d %6d %6d %9.1f %8.2f %7.2f %6.3f %12.0f\n",
+                          kernels::kv_dtype_name(dtype), hd, gqa, ctx, batch, r.kv_bytes / (1 << 20), gbps,
+                          stream, gbps / stream, tps);
+              std::fflush(stdout);
+            }
+          }
+  if (skipped > 0)
+    std::fprintf(stderr, "%d case(s) skipped: KV larger than --max-kv, or head_dim unsupported by the dtype\n",
+                 skipped);
+  return 0;
+}
+
+}  // namespace fd

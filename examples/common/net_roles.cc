@@ -1,0 +1,166 @@
+#include "examples/common/net_roles.h"
+
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "actors/gatekeeper.h"
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "examples/common/run_prompts.h"
+#include "examples/common/stop_signals.h"
+#include "kernels/ops.h"
+
+namespace fd {
+namespace {
+
+constexpr auto kConnectionTimeout = std::chrono::seconds(3);
+
+uint64_t random_run_id() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+void wait_for_shards(caf::actor_system& sys, const scheduler_actor& scheduler, int want,
+                     double wait_s) {
+  caf::scoped_actor self{sys};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  int have = 0;
+  bool said = false;
+  while (true) {
+    self->request(scheduler, std::chrono::seconds(10), stats_atom::value)
+        .receive([&](sched_stats& s) { have = s.shards; }, [&](caf::error&) {});
+    if (have >= want) return;
+    if (!said) {
+      std::cerr << "gpu node: waiting for " << want << " R-worker shard(s), " << have
+                << " joined\n";
+      said = true;
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Error("only " + std::to_string(have) + " of " + std::to_string(want) +
+                  " R-worker shards joined within " + std::to_string(int(wait_s)) +
+                  " s (--min-shards, --min-shards-wait)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace
+
+int run_gpu_role(const NodeArgs& args) {
+  const HostPort hp = parse_host_port(args.listen, "--listen");
+  if (!is_loopback(hp.host) && args.token.empty())
+    throw Error("refusing to listen on " + args.listen +
+                " without a cluster secret: set --token or FASTDECODE_TOKEN");
+  auto model = load_or_synthesize(args.model_path);
+  StopSignals signals;
+  kernels::set_gemm_threads(2);
+  caf::actor_system_config cfg;
+  configure_caf(cfg, args.threads);
+  configure_network(cfg, kConnectionTimeout);
+  caf::actor_system sys{cfg};
+  GpuNode node = start_gpu_node(sys, model, args.local);
+  GatekeeperConfig gc{args.token, random_run_id(), model->cfg, args.local.block_tokens};
+  auto gate = spawn_gatekeeper(sys, gc, node.scheduler);
+  auto port = sys.middleman().publish(gate, hp.port, hp.host.c_str(), true);
+  if (!port) throw Error("cannot listen on " + args.listen + ": " + sys.render(port.error()));
+  std::cerr << "gpu node: serving " << model->name << " on " << hp.host << ":" << *port << "\n";
+  int rc = 0;
+  if (args.prompts.empty()) {
+    while (signals.poll(std::chrono::milliseconds(500)) == 0) {
+    }
+    std::cerr << "gpu node: stopping\n";
+  } else {
+    wait_for_shards(sys, node.scheduler, args.min_shards, args.min_shards_wait_s);
+    rc = generate_and_print(sys, node.scheduler, *model, args);
+  }
+  caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(node.scheduler, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(node.stream, caf::exit_reason::user_shutdown);
+  return rc;
+}
+
+namespace {
+
+gatekeeper_actor connect(caf::actor_system& sys, const HostPort& hp, const std::string& where) {
+  // The gpu node may still be starting: retry for a while.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (true) {
+    auto gate = sys.middleman().remote_actor<gatekeeper_actor>(hp.host, hp.port);
+    if (gate) return *gate;
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Error("cannot reach the gpu node at " + where + ": " + sys.render(gate.error()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+}
+
+}  // namespace
+
+int run_cpu_role(const NodeArgs& args) {
+  const HostPort hp = parse_host_port(args.join, "--join");
+  StopSignals signals;
+  caf::actor_system_config cfg;
+  configure_caf(cfg, args.threads);
+  configure_network(cfg, kConnectionTimeout);
+  caf::actor_system sys{cfg};
+  const std::string name = args.node_name.empty() ? "cpu-" + std::to_string(::getpid()) : args.node_name;
+  auto gate = connect(sys, hp, args.join);
+  caf::scoped_actor self{sys};
+
+  join_reply shape;
+  self->request(gate, std::chrono::seconds(30), join_request{args.token, kProtocolVersion, name})
+      .receive([&](join_reply& r) { shape = r; },
+               [&](caf::error& e) {
+                 throw Error("the gpu node at " + args.join + " refused this node: " +
+                             sys.render(e));
+               });
+  add_shards reg;
+  reg.token = args.token;
+  reg.run_id = shape.run_id;
+  reg.shards = spawn_shards(
+      sys, name + "/shard-", args.local.shards,
+      KvStoreConfig{shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_tokens,
+                    args.local.kv_memory},
+      kernels::AttnDims{shape.n_heads, shape.n_kv_heads, shape.head_dim});
+  std::vector<shard_actor> shards;
+  for (auto& s : reg.shards) shards.push_back(s.hdl);
+  self->request(gate, std::chrono::seconds(30), std::move(reg))
+      .receive([](shard_ids&) {},
+               [&](caf::error& e) {
+                 throw Error("the gpu node at " + args.join + " refused the shards: " +
+                             sys.render(e));
+               });
+  std::cerr << "cpu node " << name << ": " << shards.size() << " shard(s) joined " << args.join
+            << "\n";
+  self->monitor(gate);
+  for (auto& s : shards) self->monitor(s);
+
+  int rc = -1;
+  while (rc < 0) {
+    if (signals.poll(std::chrono::milliseconds(0)) != 0) {
+      std::cerr << "cpu node " << name << ": leaving; moving its sequences first\n";
+      self->request(gate, std::chrono::seconds(120), leave_request{args.token, shards})
+          .receive([&](bool) { std::cerr << "cpu node " << name << ": left cleanly\n"; },
+                   [&](caf::error& e) {
+                     std::cerr << "cpu node " << name << ": leave failed: " << sys.render(e)
+                               << "\n";
+                   });
+      rc = 0;
+      break;
+    }
+    self->receive(
+        [&](caf::down_msg& dm) {
+          if (dm.source == gate.address())
+            std::cerr << "cpu node " << name << ": lost the gpu node at " << args.join
+                      << "; exiting\n";
+          else
+            std::cerr << "cpu node " << name
+                      << ": the gpu node dropped a shard of this node (unresponsive?); exiting\n";
+          rc = 1;
+        },
+        caf::after(std::chrono::milliseconds(200)) >> [] {});
+  }
+  for (auto& s : shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  return rc;
+}
+
+}  // namespace fd
