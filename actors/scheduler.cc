@@ -50,10 +50,14 @@ struct SchedState {
   std::vector<Leave> leaves;
   std::vector<Replace> replaces;
   bool said_waiting = false;
+  std::ostream no_log{nullptr};
   static inline const char* name = "scheduler";
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<SchedState>;
+
+// Where lines about the cluster's shape go: stderr, or nowhere when the scheduler runs quietly.
+std::ostream& log(SchedState& st) { return st.cfg.log ? std::cerr : st.no_log; }
 
 uint64_t pages_for(uint64_t tokens, int32_t page_tokens) {
   return (tokens + page_tokens - 1) / page_tokens;
@@ -126,7 +130,7 @@ void admit_queued(self_ptr self) {
     const int32_t shard = place(st, l.tokens);
     if (shard < 0) {
       if (!has_serving_shard(st) && !st.said_waiting) {
-        std::cerr << "scheduler: waiting for R-worker shards to join\n";
+        log(st) << "scheduler: waiting for R-worker shards to join\n";
         st.said_waiting = true;
       }
       return;  // first in, first served: later ones wait too
@@ -188,7 +192,7 @@ void drop_shard(self_ptr self, int32_t id, const std::string& why) {
   auto& st = self->state;
   auto it = st.shards.find(id);
   if (it == st.shards.end()) return;
-  std::cerr << "scheduler: shard " << it->second.info.name << " " << why
+  log(st) << "scheduler: shard " << it->second.info.name << " " << why
             << "; its sequences move to other shards\n";
   self->demonitor(it->second.info.hdl.address());
   caf::anon_send_exit(it->second.info.hdl, caf::exit_reason::kill);
@@ -203,7 +207,7 @@ shard_ids register_shards(self_ptr self, add_shards& req) {
     if (!info.hdl || info.page_tokens <= 0) continue;
     const int32_t id = st.next_shard++;
     self->monitor(info.hdl);
-    std::cerr << "scheduler: shard " << info.name << " joined (" << info.pages << " pages of "
+    log(st) << "scheduler: shard " << info.name << " joined (" << info.pages << " pages of "
               << info.page_tokens << " tokens)\n";
     st.shards.emplace(id, ShardEntry{std::move(info), 0, false});
     out.ids.push_back(id);
@@ -275,7 +279,7 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
             e.leaving = true;
             lv.shards.push_back(id);
             self->demonitor(e.info.hdl.address());
-            std::cerr << "scheduler: shard " << e.info.name << " is leaving\n";
+            log(st) << "scheduler: shard " << e.info.name << " is leaving\n";
             self->send(st.batch, lost_atom::value, id);
           }
         auto promise = lv.promise;

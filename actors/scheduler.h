@@ -13,6 +13,7 @@ struct SchedulerConfig {
   MicroBatchConfig batch;
   int max_batch = 256;                                   // sequences stepping together
   caf::timespan shard_wait = std::chrono::seconds(30);   // how long work waits for a shard
+  bool log = true;                                       // shard joins and losses on stderr
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, const SchedulerConfig& cfg,

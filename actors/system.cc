@@ -46,6 +46,7 @@ GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> mode
   sc.batch.timeout = opt.timeout;
   sc.max_batch = opt.max_batch;
   sc.shard_wait = opt.shard_wait;
+  sc.log = opt.log;
   node.scheduler = spawn_scheduler(sys, sc, node.stream);
   return node;
 }

@@ -26,6 +26,7 @@ struct LocalOptions {
   int max_batch = 256;
   caf::timespan timeout = std::chrono::seconds(60);     // per S-part or R-part request
   caf::timespan shard_wait = std::chrono::seconds(30);  // work waits this long for a shard
+  bool log = true;                                      // scheduler lines on stderr
 };
 
 // The scheduler and its GPU stream, with no shard yet (`--role gpu`).

@@ -26,3 +26,49 @@ void attention_f16(const float* q, int n_q, int q_pos0, const KvBlocksF16& kv, c
                    float* out);
 
 }  // namespace fd::kernels
+
+#include <cstddef>
+
+namespace fd::kernels {
+
+class ThreadPool;
+
+// How K/V rows are stored: fp16, or quantized with fp32 scales (see kernels/kv_format.h).
+enum class KvDtype : uint8_t { f16 = 0, q8 = 1, q4 = 2 };
+
+// K/V of one sequence and one layer in any KvDtype. Block b holds tokens
+// [b*block_tokens, (b+1)*block_tokens); k[b] and v[b] each point at
+// [n_kv_heads][KvFormat::head_block_bytes] bytes (for f16 exactly the KvBlocksF16 layout).
+struct KvBlocks {
+  KvDtype dtype = KvDtype::f16;
+  const uint8_t* const* k = nullptr;
+  const uint8_t* const* v = nullptr;
+  int block_tokens = 0;
+  int len = 0;  // valid tokens
+};
+
+// attention_f16 for any KvDtype; throws std::invalid_argument for a head_dim the dtype cannot hold.
+void attention(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d, float* out);
+
+// One sequence's share of a batched call: the arguments of attention_f16 / attention.
+struct AttnItemF16 {
+  const float* q = nullptr;  // [n_q][n_heads][head_dim]
+  float* out = nullptr;      // [n_q][n_heads][head_dim]
+  int n_q = 1;
+  int q_pos0 = 0;
+  KvBlocksF16 kv;
+};
+struct AttnItem {
+  const float* q = nullptr;  // [n_q][n_heads][head_dim]
+  float* out = nullptr;      // [n_q][n_heads][head_dim]
+  int n_q = 1;
+  int q_pos0 = 0;
+  KvBlocks kv;
+};
+
+// Attention for n items, split into (item, kv head) work units over the pool's threads. Each
+// unit is computed by one thread in a fixed order, so results do not depend on the thread count.
+void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, ThreadPool& pool);
+void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadPool& pool);
+
+}  // namespace fd::kernels

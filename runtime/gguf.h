@@ -17,8 +17,19 @@ const char* ggml_type_name(GgmlType type);
 
 // Metadata value types as coded in the file.
 enum class GgufType : uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8, array = 9,
-  u64 = 10, i64 = 11, f64 = 12
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12
 };
 
 struct GgufArray;
@@ -31,9 +42,9 @@ struct GgufTensorInfo {
   std::string name;
   std::vector<uint64_t> ne;  // ggml order: ne[0] is the innermost (contiguous) dimension
   GgmlType type;
-  uint64_t offset;           // from the start of the data section
+  uint64_t offset;  // from the start of the data section
   uint64_t n_bytes;
-  const uint8_t* data;       // inside the mapping
+  const uint8_t* data;  // inside the mapping
 };
 
 class GgufFile {
@@ -50,8 +61,8 @@ class GgufFile {
   const GgufValue* find(const std::string& key) const;
   // Typed metadata accessors; throw fd::Error naming the key when missing or of the wrong type.
   std::string get_string(const std::string& key) const;
-  int64_t get_int(const std::string& key) const;     // any integer type
-  double get_float(const std::string& key) const;    // any float or integer type
+  int64_t get_int(const std::string& key) const;   // any integer type
+  double get_float(const std::string& key) const;  // any float or integer type
   int64_t get_int(const std::string& key, int64_t fallback) const;
   double get_float(const std::string& key, double fallback) const;
   bool get_bool(const std::string& key, bool fallback) const;
@@ -61,8 +72,8 @@ class GgufFile {
 
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* find_tensor(const std::string& name) const;  // nullptr when absent
-  // Dequantized copy of a tensor whose shape must be exactly ne (ggml order); throws fd::Error
-  // naming the tensor for a missing tensor or a wrong shape.
+  // Dequantized copy of a tensor whose shape must be exactly ne (ggml order; trailing 1s ignored);
+  // throws fd::Error naming the tensor for a missing tensor or a wrong shape.
   std::vector<float> read_f32(const std::string& name, const std::vector<uint64_t>& ne) const;
 
  private:

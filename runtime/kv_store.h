@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/kv_format.h"
 #include "runtime/error.h"
 
 namespace fd {
@@ -18,6 +19,7 @@ struct KvStoreConfig {
   int head_dim = 0;
   int block_tokens = 16;
   size_t capacity_bytes = size_t(1) << 30;
+  kernels::KvDtype dtype = kernels::KvDtype::f16;  // q8/q4 quantize rows on append
 };
 
 class KvStore {
@@ -28,11 +30,14 @@ class KvStore {
   // Throws fd::Error naming the shortage and changes nothing when the pages are not available.
   void reserve(uint64_t seq, int new_len);
   // Writes n tokens at positions [pos0, pos0+n) of one layer; k, v: [n][n_kv_heads*head_dim] fp16.
-  // pos0 must equal the layer's current length; the range must be reserved.
+  // pos0 may not exceed the layer's current length (pos0 < length rewinds the layer to pos0
+  // first, for retried steps); the range must be reserved.
   void append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n);
   int length(uint64_t seq, int layer) const;  // 0 for an unknown sequence
   bool contains(uint64_t seq) const { return seqs_.count(seq) != 0; }
-  kernels::KvBlocksF16 view(uint64_t seq, int layer) const;
+  kernels::KvBlocksF16 view(uint64_t seq, int layer) const;  // f16 stores only
+  kernels::KvBlocks view_blocks(uint64_t seq, int layer) const;  // any dtype
+  // Both views stay valid until the next reserve() or drop() of seq.
   void drop(uint64_t seq);  // frees every page of seq; unknown seq is a no-op
 
   size_t page_bytes() const { return page_bytes_; }
@@ -47,10 +52,13 @@ class KvStore {
   struct Seq {
     std::vector<uint32_t> pages;
     std::vector<int> len;                           // [n_layers]
-    std::vector<std::vector<const uint16_t*>> k, v; // [n_layers][pages] block pointers
+    std::vector<std::vector<const uint16_t*>> k, v; // [n_layers][pages] block pointers (f16)
+    std::vector<std::vector<const uint8_t*>> kb, vb; // [n_layers][pages] the same, as bytes
   };
   KvStoreConfig cfg_;
-  size_t layer_elems_ = 0;  // fp16 values of K (or V) of one layer in one page
+  const kernels::KvFormat* format_ = nullptr;
+  size_t head_bytes_ = 0;   // one kv head's rows of one block (KvFormat::head_block_bytes)
+  size_t layer_bytes_ = 0;  // K (or V) of one layer in one page: [n_kv_heads][head_bytes_]
   size_t page_bytes_ = 0;
   size_t total_pages_ = 0;
   struct Unmap {

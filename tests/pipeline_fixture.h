@@ -19,6 +19,7 @@ inline std::vector<fd::gen_result> run_pipeline(std::shared_ptr<const fd::Model>
   caf::actor_system sys{cfg};
   fd::LocalOptions opt;
   opt.shards = shards;
+  opt.log = false;
   opt.kv_memory = size_t(256) << 20;
   fd::LocalNode node = fd::start_local_node(sys, model, opt);
   auto out = fd::generate(sys, node.scheduler, reqs, std::chrono::minutes(10));

@@ -197,6 +197,7 @@ TEST_CASE("a sequence leaves the batch at its length limit and frees its KV-cach
   caf::actor_system sys{cfg};
   fd::LocalOptions opt;
   opt.shards = 2;
+  opt.log = false;
   opt.kv_memory = size_t(64) << 20;
   fd::LocalNode node = fd::start_local_node(sys, model, opt);
   fd::gen_request r;

@@ -114,7 +114,9 @@ int run_prompts_all(const NodeArgs& args) {
   caf::actor_system_config cfg;
   configure_caf(cfg, args.threads);
   caf::actor_system sys{cfg};
-  LocalNode node = start_local_node(sys, model, args.local);
+  LocalOptions local = args.local;
+  local.log = false;  // one process: shard joins are not news
+  LocalNode node = start_local_node(sys, model, local);
   const int rc = generate_and_print(sys, node.scheduler, *model, args);
   stop_local_node(node);
   return rc;

@@ -1,0 +1,32 @@
+// fastdecode-bench: micro-benchmarks, one mode per subcommand.
+#include <cstring>
+#include <exception>
+#include <iostream>
+
+#include "examples/common/bench_attention.h"
+
+namespace {
+
+void usage(std::ostream& os) {
+  os << "usage: fastdecode-bench MODE [options]   (MODE --help lists a mode's options)\n"
+        "modes:\n"
+        "  attention   decode attention over a KV-cache vs. the machine's read bandwidth\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? std::cerr : std::cout);
+    return argc < 2 ? 2 : 0;
+  }
+  try {
+    if (!std::strcmp(argv[1], "attention")) return fd::bench_attention_main(argc - 1, argv + 1);
+  } catch (const std::exception& e) {
+    std::cerr << "fastdecode-bench: error: " << e.what() << "\n";
+    return 2;
+  }
+  std::cerr << "fastdecode-bench: unknown mode '" << argv[1] << "'\n";
+  usage(std::cerr);
+  return 2;
+}

@@ -1,0 +1,143 @@
+#include "kernels/kv_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/ops.h"
+
+namespace fd::kernels {
+namespace {
+
+constexpr int kMaxHeadDim = 256;  // attention keeps a head's accumulators on the stack
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, sizeof v); }
+float load_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+class KvFormatBase : public KvFormat {
+ public:
+  void attend(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d,
+              int kvh_begin, int kvh_end, float* out) const override {
+    detail::attend_heads(q, n_q, q_pos0, kv, head_block_bytes(kv.block_tokens, d.head_dim), d,
+                         kvh_begin, kvh_end, out);
+  }
+};
+
+class F16Format final : public KvFormatBase {
+ public:
+  KvDtype dtype() const override { return KvDtype::f16; }
+  const char* name() const override { return "f16"; }
+  bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim; }
+  size_t head_block_bytes(int bt, int hd) const override {
+    return size_t(bt) * size_t(hd) * sizeof(uint16_t);
+  }
+  void encode_row(const uint16_t* src, int hd, int, int t, uint8_t* hb) const override {
+    std::memcpy(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
+  }
+  void decode_row(const uint8_t* hb, int hd, int, int t, float* dst) const override {
+    uint16_t row[kMaxHeadDim];
+    std::memcpy(row, hb + size_t(t) * hd * sizeof(uint16_t), size_t(hd) * sizeof(uint16_t));
+    f16_to_f32(row, dst, size_t(hd));
+  }
+};
+
+class Q8Format final : public KvFormatBase {
+ public:
+  KvDtype dtype() const override { return KvDtype::q8; }
+  const char* name() const override { return "q8"; }
+  bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim; }
+  size_t head_block_bytes(int bt, int hd) const override {
+    return round_up(size_t(bt) * (sizeof(float) + size_t(hd)), 64);
+  }
+  void encode_row(const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
+    float x[kMaxHeadDim];
+    f16_to_f32(src, x, size_t(hd));
+    float amax = 0.0f;
+    for (int i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float scale = amax / 127.0f;
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    auto* dst = reinterpret_cast<int8_t*>(hb + size_t(bt) * sizeof(float) + size_t(t) * hd);
+    for (int i = 0; i < hd; ++i)
+      dst[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+    store_f32(hb + size_t(t) * sizeof(float), scale);
+  }
+  void decode_row(const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
+    const float scale = load_f32(hb + size_t(t) * sizeof(float));
+    const auto* x = reinterpret_cast<const int8_t*>(hb + size_t(bt) * sizeof(float) + size_t(t) * hd);
+    for (int i = 0; i < hd; ++i) dst[i] = static_cast<float>(x[i]) * scale;
+  }
+};
+
+class Q4Format final : public KvFormatBase {
+ public:
+  KvDtype dtype() const override { return KvDtype::q4; }
+  const char* name() const override { return "q4"; }
+  bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim && hd % 32 == 0; }
+  size_t head_block_bytes(int bt, int hd) const override {
+    return round_up(size_t(bt) * (size_t(hd) / 32 * sizeof(float) + size_t(hd) / 2), 64);
+  }
+  void encode_row(const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
+    float x[kMaxHeadDim];
+    f16_to_f32(src, x, size_t(hd));
+    const size_t groups = size_t(hd) / 32;
+    uint8_t* data = hb + size_t(bt) * groups * sizeof(float) + size_t(t) * (size_t(hd) / 2);
+    for (size_t g = 0; g < groups; ++g) {
+      const float* xg = x + g * 32;
+      float amax = 0.0f;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xg[i]));
+      const float scale = amax / 7.0f;
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      auto nibble = [&](int i) {
+        return static_cast<uint8_t>(std::clamp(std::nearbyint(xg[i] * inv), -7.0f, 7.0f) + 8.0f);
+      };
+      for (int j = 0; j < 16; ++j)
+        data[g * 16 + size_t(j)] = static_cast<uint8_t>(nibble(j) | (nibble(j + 16) << 4));
+      store_f32(hb + (size_t(t) * groups + g) * sizeof(float), scale);
+    }
+  }
+  void decode_row(const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
+    const size_t groups = size_t(hd) / 32;
+    const uint8_t* data = hb + size_t(bt) * groups * sizeof(float) + size_t(t) * (size_t(hd) / 2);
+    for (size_t g = 0; g < groups; ++g) {
+      const float scale = load_f32(hb + (size_t(t) * groups + g) * sizeof(float));
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t b = data[g * 16 + size_t(j)];
+        dst[g * 32 + size_t(j)] = static_cast<float>((b & 15) - 8) * scale;
+        dst[g * 32 + 16 + size_t(j)] = static_cast<float>((b >> 4) - 8) * scale;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+const KvFormat& kv_format(KvDtype dtype) {
+  static const F16Format f16;
+  static const Q8Format q8;
+  static const Q4Format q4;
+  switch (dtype) {
+    case KvDtype::q8: return q8;
+    case KvDtype::q4: return q4;
+    case KvDtype::f16: break;
+  }
+  return f16;
+}
+
+const char* kv_dtype_name(KvDtype dtype) { return kv_format(dtype).name(); }
+
+bool parse_kv_dtype(const std::string& s, KvDtype* dtype) {
+  for (KvDtype d : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
+    if (s == kv_dtype_name(d)) {
+      *dtype = d;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace fd::kernels

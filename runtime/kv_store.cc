@@ -1,0 +1,193 @@
+#include "runtime/kv_store.h"
+
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace fd {
+namespace {
+
+constexpr size_t kPageAlign = 64;  // bytes; keeps every block on its own cache lines
+
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (v == static_cast<double>(static_cast<size_t>(v)))
+    std::snprintf(buf, sizeof buf, "%zu %s", static_cast<size_t>(v), units[u]);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+void KvStore::Unmap::operator()(uint8_t* p) const { munmap(p, bytes); }
+
+KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}) {
+  if (cfg.n_layers <= 0 || cfg.n_kv_heads <= 0 || cfg.head_dim <= 0 || cfg.block_tokens <= 0)
+    throw Error("KV-cache configuration is invalid: " + std::to_string(cfg.n_layers) + " layers, " +
+                std::to_string(cfg.n_kv_heads) + " kv heads, head_dim " +
+                std::to_string(cfg.head_dim) + ", " + std::to_string(cfg.block_tokens) +
+                " tokens per block must all be positive.");
+  format_ = &kernels::kv_format(cfg.dtype);
+  if (!format_->supports(cfg.head_dim))
+    throw Error(std::string("KV-cache format ") + format_->name() + " cannot hold head_dim " +
+                std::to_string(cfg.head_dim) + ".");
+  head_bytes_ = format_->head_block_bytes(cfg.block_tokens, cfg.head_dim);
+  layer_bytes_ = static_cast<size_t>(cfg.n_kv_heads) * head_bytes_;
+  const size_t raw = static_cast<size_t>(cfg.n_layers) * 2 * layer_bytes_;
+  page_bytes_ = (raw + kPageAlign - 1) / kPageAlign * kPageAlign;
+  total_pages_ = cfg.capacity_bytes / page_bytes_;
+  if (total_pages_ == 0)
+    throw Error("KV-cache capacity of " + format_bytes(cfg.capacity_bytes) +
+                " is smaller than one page of " + format_bytes(page_bytes_) + ".");
+  if (total_pages_ > UINT32_MAX) total_pages_ = UINT32_MAX;
+  const size_t bytes = total_pages_ * page_bytes_;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (p == MAP_FAILED)
+    throw Error("KV-cache could not reserve " + format_bytes(bytes) + " of address space.");
+  // Attention jumps between pages at every block; 2 MiB pages keep those jumps out of the TLB.
+  // Best effort: without transparent huge pages the store works the same, only slower.
+  madvise(p, bytes, MADV_HUGEPAGE);
+  arena_ = std::unique_ptr<uint8_t, Unmap>(static_cast<uint8_t*>(p), Unmap{bytes});
+  free_.resize(total_pages_);
+  for (size_t i = 0; i < total_pages_; ++i) free_[i] = static_cast<uint32_t>(total_pages_ - 1 - i);
+}
+
+void KvStore::reserve(uint64_t seq, int new_len) {
+  if (new_len < 0)
+    throw Error("KV-cache cannot reserve a negative length (" + std::to_string(new_len) +
+                ") for sequence " + std::to_string(seq) + ".");
+  const auto it = seqs_.find(seq);
+  const size_t have = it == seqs_.end() ? 0 : it->second.pages.size();
+  const size_t want = (static_cast<size_t>(new_len) + cfg_.block_tokens - 1) / cfg_.block_tokens;
+  const size_t more = want > have ? want - have : 0;
+  if (more > free_.size())
+    throw Error("KV-cache full: sequence " + std::to_string(seq) + " needs " + std::to_string(more) +
+                " more pages of " + format_bytes(page_bytes_) + ", " + std::to_string(free_.size()) +
+                " free (capacity " + format_bytes(total_pages_ * page_bytes_) + ").");
+  Seq& s = it == seqs_.end() ? seqs_[seq] : it->second;
+  if (s.len.empty()) {
+    s.len.assign(static_cast<size_t>(cfg_.n_layers), 0);
+    s.k.resize(static_cast<size_t>(cfg_.n_layers));
+    s.v.resize(static_cast<size_t>(cfg_.n_layers));
+    s.kb.resize(static_cast<size_t>(cfg_.n_layers));
+    s.vb.resize(static_cast<size_t>(cfg_.n_layers));
+  }
+  for (size_t i = 0; i < more; ++i) {
+    const uint32_t page = free_.back();
+    free_.pop_back();
+    s.pages.push_back(page);
+    const uint8_t* base = arena_.get() + page * page_bytes_;
+    for (size_t l = 0; l < s.len.size(); ++l) {
+      s.kb[l].push_back(base + (2 * l) * layer_bytes_);
+      s.vb[l].push_back(base + (2 * l + 1) * layer_bytes_);
+      s.k[l].push_back(reinterpret_cast<const uint16_t*>(s.kb[l].back()));
+      s.v[l].push_back(reinterpret_cast<const uint16_t*>(s.vb[l].back()));
+    }
+  }
+}
+
+void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end())
+    throw Error("KV-cache has no sequence " + std::to_string(seq) + " to append to.");
+  if (layer < 0 || layer >= cfg_.n_layers)
+    throw Error("KV-cache has no layer " + std::to_string(layer) + " (it holds " +
+                std::to_string(cfg_.n_layers) + ").");
+  Seq& s = it->second;
+  const int cur = s.len[static_cast<size_t>(layer)];
+  // pos0 < cur rewinds: a step retried after a shard failure rewrites the rows it already gave.
+  if (pos0 < 0 || pos0 > cur)
+    throw Error("KV-cache append to sequence " + std::to_string(seq) + " layer " +
+                std::to_string(layer) + " starts at position " + std::to_string(pos0) +
+                " but the layer holds " + std::to_string(cur) + " tokens.");
+  const size_t bt = static_cast<size_t>(cfg_.block_tokens);
+  const size_t reserved = s.pages.size() * bt;
+  if (n < 0 || static_cast<size_t>(pos0) + static_cast<size_t>(n) > reserved)
+    throw Error("KV-cache append of " + std::to_string(n) + " tokens at position " +
+                std::to_string(pos0) + " exceeds the " + std::to_string(reserved) +
+                " tokens reserved for sequence " + std::to_string(seq) + ".");
+  const size_t row = static_cast<size_t>(cfg_.n_kv_heads) * cfg_.head_dim;  // fp16 values
+  auto& kb = s.kb[static_cast<size_t>(layer)];
+  auto& vb = s.vb[static_cast<size_t>(layer)];
+  for (int t = 0; t < n; ++t) {
+    const size_t pos = static_cast<size_t>(pos0 + t);
+    const size_t b = pos / bt;
+    const int tb = static_cast<int>(pos % bt);
+    // Blocks are written only through the store, which owns the arena.
+    auto* kd = const_cast<uint8_t*>(kb[b]);
+    auto* vd = const_cast<uint8_t*>(vb[b]);
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+      const size_t src = static_cast<size_t>(t) * row + static_cast<size_t>(h) * cfg_.head_dim;
+      format_->encode_row(k + src, cfg_.head_dim, cfg_.block_tokens, tb, kd + h * head_bytes_);
+      format_->encode_row(v + src, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_bytes_);
+    }
+  }
+  s.len[static_cast<size_t>(layer)] = pos0 + n;
+}
+
+int KvStore::length(uint64_t seq, int layer) const {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end() || layer < 0 || layer >= cfg_.n_layers) return 0;
+  return it->second.len[static_cast<size_t>(layer)];
+}
+
+kernels::KvBlocksF16 KvStore::view(uint64_t seq, int layer) const {
+  if (cfg_.dtype != kernels::KvDtype::f16)
+    throw Error(std::string("KV-cache holds ") + format_->name() +
+                " values, which have no fp16 view; use view_blocks().");
+  kernels::KvBlocksF16 kv;
+  kv.block_tokens = cfg_.block_tokens;
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return kv;
+  if (layer < 0 || layer >= cfg_.n_layers)
+    throw Error("KV-cache has no layer " + std::to_string(layer) + " (it holds " +
+                std::to_string(cfg_.n_layers) + ").");
+  const Seq& s = it->second;
+  kv.k = s.k[static_cast<size_t>(layer)].data();
+  kv.v = s.v[static_cast<size_t>(layer)].data();
+  kv.len = s.len[static_cast<size_t>(layer)];
+  return kv;
+}
+
+kernels::KvBlocks KvStore::view_blocks(uint64_t seq, int layer) const {
+  kernels::KvBlocks kv;
+  kv.dtype = cfg_.dtype;
+  kv.block_tokens = cfg_.block_tokens;
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return kv;
+  if (layer < 0 || layer >= cfg_.n_layers)
+    throw Error("KV-cache has no layer " + std::to_string(layer) + " (it holds " +
+                std::to_string(cfg_.n_layers) + ").");
+  const Seq& s = it->second;
+  kv.k = s.kb[static_cast<size_t>(layer)].data();
+  kv.v = s.vb[static_cast<size_t>(layer)].data();
+  kv.len = s.len[static_cast<size_t>(layer)];
+  return kv;
+}
+
+void KvStore::drop(uint64_t seq) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  const auto& pages = it->second.pages;
+  for (auto p = pages.rbegin(); p != pages.rend(); ++p) free_.push_back(*p);
+  seqs_.erase(it);
+}
+
+size_t KvStore::tokens() const {
+  size_t n = 0;
+  for (const auto& [id, s] : seqs_) n += static_cast<size_t>(s.len[0]);
+  return n;
+}
+
+}  // namespace fd

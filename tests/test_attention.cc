@@ -1,0 +1,390 @@
+#include <catch2/catch.hpp>
+
+#include <hwy/targets.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <stdexcept>
+#include <tuple>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/kv_format.h"
+#include "kernels/ops.h"
+#include "kernels/thread_pool.h"
+
+namespace {
+
+constexpr double kU = 1.0 / 16777216.0;  // 2^-24: unit roundoff of fp32
+
+double f16_value(uint16_t h) {
+  const int e = (h >> 10) & 31, m = h & 0x3FF;
+  const double mag = e == 0 ? std::ldexp(double(m), -24) : std::ldexp(double(1024 + m), e - 25);
+  return (h & 0x8000) ? -mag : mag;
+}
+
+// One sequence's K/V for one layer, stored as separately allocated blocks in the layout the
+// kernel reads ([n_kv_heads][block_tokens][head_dim] per block), plus a flat copy for the reference.
+struct TestKv {
+  int n_kv_heads, head_dim, block_tokens, len;
+  std::vector<std::vector<uint16_t>> kb, vb;  // [blocks][n_kv_heads * block_tokens * head_dim]
+  std::vector<const uint16_t*> kp, vp;
+  std::vector<double> k, v;  // [len][n_kv_heads][head_dim]
+
+  TestKv(int nkv, int hd, int bt, int n, uint32_t seed)
+      : n_kv_heads(nkv), head_dim(hd), block_tokens(bt), len(n) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    const int blocks = (n + bt - 1) / bt;
+    const size_t per_block = size_t(nkv) * bt * hd;
+    kb.assign(size_t(blocks), std::vector<uint16_t>(per_block, 0x7E00));  // NaN padding: must be unread
+    vb = kb;
+    k.resize(size_t(n) * nkv * hd);
+    v.resize(k.size());
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < nkv; ++h)
+        for (int i = 0; i < hd; ++i) {
+          float pair[2] = {dist(rng), dist(rng)};
+          uint16_t half[2];
+          fd::kernels::f32_to_f16(pair, half, 2);
+          const size_t at = (size_t(h) * bt + t % bt) * hd + i;
+          kb[size_t(t / bt)][at] = half[0];
+          vb[size_t(t / bt)][at] = half[1];
+          k[(size_t(t) * nkv + h) * hd + i] = f16_value(half[0]);
+          v[(size_t(t) * nkv + h) * hd + i] = f16_value(half[1]);
+        }
+    for (int b = 0; b < blocks; ++b) {
+      kp.push_back(kb[size_t(b)].data());
+      vp.push_back(vb[size_t(b)].data());
+    }
+  }
+  fd::kernels::KvBlocksF16 view() const { return {kp.data(), vp.data(), block_tokens, len}; }
+};
+
+// Double-precision softmax attention; also returns the per-element error bound.
+// Bound (rounding errors of random sign grow like sqrt(terms)): a score carries fp32 dot-product
+// error ~ sqrt(hd) u S (S = scale * sum|q k|); a score error e moves the normalised weights by
+// <= 2e relative, hence the output by <= 2e max|v|. The streaming sum over len values adds
+// ~ sqrt(len) u max|v| (x2 margin); exp, rescaling and the final division add <= 8 u.
+void reference(const std::vector<float>& q, int n_q, int q_pos0, const TestKv& kv, int n_heads,
+               std::vector<double>& out, std::vector<double>& tol) {
+  const int hd = kv.head_dim, g = n_heads / kv.n_kv_heads;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  out.assign(q.size(), 0.0);
+  tol.assign(q.size(), 0.0);
+  for (int r = 0; r < n_q; ++r)
+    for (int h = 0; h < n_heads; ++h) {
+      const int kvh = h / g, n = q_pos0 + r + 1;
+      const float* qh = &q[(size_t(r) * n_heads + h) * hd];
+      std::vector<double> s(size_t(n), 0.0);
+      double smax = -1e300, sabs = 0, vabs = 0;
+      for (int t = 0; t < n; ++t) {
+        double dot = 0, mag = 0;
+        for (int i = 0; i < hd; ++i) {
+          const double kk = kv.k[(size_t(t) * kv.n_kv_heads + kvh) * hd + i];
+          dot += qh[i] * kk;
+          mag += std::fabs(qh[i] * kk);
+          vabs = std::max(vabs, std::fabs(kv.v[(size_t(t) * kv.n_kv_heads + kvh) * hd + i]));
+        }
+        s[size_t(t)] = dot * scale;
+        smax = std::max(smax, s[size_t(t)]);
+        sabs = std::max(sabs, mag * scale);
+      }
+      double den = 0;
+      for (auto& x : s) den += (x = std::exp(x - smax));
+      double* o = &out[(size_t(r) * n_heads + h) * hd];
+      for (int t = 0; t < n; ++t)
+        for (int i = 0; i < hd; ++i) o[i] += s[size_t(t)] / den * kv.v[(size_t(t) * kv.n_kv_heads + kvh) * hd + i];
+      const double bound =
+          vabs * kU * (2 * std::sqrt(double(hd)) * sabs + 2 * std::sqrt(double(n)) + 8);
+      std::fill(&tol[(size_t(r) * n_heads + h) * hd], &tol[(size_t(r) * n_heads + h) * hd] + hd, bound);
+    }
+}
+
+void check_case(int len, int head_dim, int gqa, int n_q, int block_tokens, uint32_t seed) {
+  const int n_kv_heads = 2, n_heads = n_kv_heads * gqa;
+  INFO("len " << len << " head_dim " << head_dim << " gqa " << gqa << " n_q " << n_q << " block "
+              << block_tokens);
+  const TestKv kv(n_kv_heads, head_dim, block_tokens, len, seed);
+  std::mt19937 rng(seed + 1);
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);  // peaky enough to exercise the max shift
+  std::vector<float> q(size_t(n_q) * n_heads * head_dim);
+  for (auto& x : q) x = dist(rng);
+  const int q_pos0 = len - n_q;
+  std::vector<float> out(q.size(), -1.0f);
+  fd::kernels::attention_f16(q.data(), n_q, q_pos0, kv.view(), {n_heads, n_kv_heads, head_dim}, out.data());
+  std::vector<double> ref, tol;
+  reference(q, n_q, q_pos0, kv, n_heads, ref, tol);
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double err = std::fabs(out[i] - ref[i]);
+    worst = std::max(worst, err / tol[i]);
+    if (!(err <= tol[i]) && bad++ < 3)
+      FAIL_CHECK("element " << i << ": " << out[i] << " vs " << ref[i] << " (tol " << tol[i] << ")");
+  }
+  CHECK(bad == 0);
+  CHECK(worst < 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("attention_f16 decode matches a double-precision reference", "[attention]") {
+  for (int len : {1, 7, 16, 17, 33, 1000})
+    for (int hd : {64, 128})
+      for (int gqa : {1, 4, 8}) check_case(len, hd, gqa, 1, 16, uint32_t(len * 31 + hd + gqa));
+}
+
+TEST_CASE("attention_f16 causal prefill matches a double-precision reference", "[attention]") {
+  for (int hd : {64, 128})
+    for (int gqa : {1, 4, 8}) {
+      for (int len : {1, 7, 33}) check_case(len, hd, gqa, len, 16, uint32_t(len + hd + gqa));
+      check_case(1000, hd, gqa, 24, 16, uint32_t(hd + gqa));  // a chunk at the end of a long prompt
+    }
+}
+
+TEST_CASE("attention_f16 handles odd block sizes and narrow heads", "[attention]") {
+  for (int bt : {1, 5, 16, 48})
+    for (int len : {7, 33, 100}) {
+      check_case(len, 64, 4, 1, bt, uint32_t(bt * 7 + len));
+      check_case(len, 8, 2, std::min(9, len), bt, uint32_t(bt * 5 + len));   // head_dim 8 (stories260K)
+      check_case(len, 20, 1, 3, bt, uint32_t(bt * 3 + len));  // head_dim not a multiple of 8
+    }
+}
+
+TEST_CASE("attention_f16 gives the same answer on every SIMD target", "[attention]") {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    INFO("target " << hwy::TargetName(target));
+    check_case(100, 64, 4, 3, 16, 11);
+    check_case(40, 128, 1, 1, 16, 12);
+    check_case(21, 8, 2, 5, 5, 13);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST_CASE("attention_f16 with one visible key returns that value row", "[attention]") {
+  const TestKv kv(1, 64, 16, 40, 99);
+  std::vector<float> q(64, 2.5f), out(64);
+  fd::kernels::attention_f16(q.data(), 1, 0, kv.view(), {1, 1, 64}, out.data());
+  for (int i = 0; i < 64; ++i) CHECK(out[size_t(i)] == static_cast<float>(kv.v[size_t(i)]));
+}
+
+TEST_CASE("attention_f16 rejects queries beyond the cached length", "[attention]") {
+  const TestKv kv(1, 64, 16, 10, 1);
+  std::vector<float> q(64), out(64);
+  CHECK_THROWS_AS(fd::kernels::attention_f16(q.data(), 1, 10, kv.view(), {1, 1, 64}, out.data()),
+                  std::invalid_argument);
+}
+
+namespace {
+
+// Quantized K/V built through a KvFormat: blocks as the kernel reads them, and for the
+// references both the fp16 values before quantization and the decoded values.
+struct QuantKv {
+  fd::kernels::KvDtype dtype;
+  int n_kv_heads, head_dim, block_tokens, len;
+  std::vector<std::vector<uint8_t>> kb, vb;  // [blocks][n_kv_heads][head_block_bytes]
+  std::vector<const uint8_t*> kp, vp;
+  TestKv src;                                // the fp16 originals (same seed)
+  std::vector<double> kq, vq;                // decoded: [len][n_kv_heads][head_dim]
+
+  QuantKv(fd::kernels::KvDtype dt, int nkv, int hd, int bt, int n, uint32_t seed)
+      : dtype(dt), n_kv_heads(nkv), head_dim(hd), block_tokens(bt), len(n), src(nkv, hd, bt, n, seed) {
+    const auto& f = fd::kernels::kv_format(dt);
+    const size_t hb = f.head_block_bytes(bt, hd);
+    const int blocks = (n + bt - 1) / bt;
+    kb.assign(size_t(blocks), std::vector<uint8_t>(size_t(nkv) * hb, 0xFF));
+    vb = kb;
+    kq.resize(src.k.size());
+    vq.resize(src.v.size());
+    std::vector<float> row(static_cast<size_t>(hd));
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < nkv; ++h) {
+        uint8_t* kh = kb[size_t(t / bt)].data() + size_t(h) * hb;
+        uint8_t* vh = vb[size_t(t / bt)].data() + size_t(h) * hb;
+        const size_t at = (size_t(h) * bt + t % bt) * hd;
+        f.encode_row(src.kb[size_t(t / bt)].data() + at, hd, bt, t % bt, kh);
+        f.encode_row(src.vb[size_t(t / bt)].data() + at, hd, bt, t % bt, vh);
+        f.decode_row(kh, hd, bt, t % bt, row.data());
+        for (int i = 0; i < hd; ++i) kq[(size_t(t) * nkv + h) * hd + i] = row[size_t(i)];
+        f.decode_row(vh, hd, bt, t % bt, row.data());
+        for (int i = 0; i < hd; ++i) vq[(size_t(t) * nkv + h) * hd + i] = row[size_t(i)];
+      }
+    for (int b = 0; b < blocks; ++b) {
+      kp.push_back(kb[size_t(b)].data());
+      vp.push_back(vb[size_t(b)].data());
+    }
+  }
+  fd::kernels::KvBlocks view() const { return {dtype, kp.data(), vp.data(), block_tokens, len}; }
+  // The decoded values as an fp16-free TestKv, for the double-precision reference.
+  TestKv decoded() const {
+    TestKv d = src;
+    d.k = kq;
+    d.v = vq;
+    return d;
+  }
+};
+
+// Largest quantization step / 2 of the format for a row whose group maxima are amax.
+double half_step(fd::kernels::KvDtype dt, double amax) {
+  return dt == fd::kernels::KvDtype::q8 ? amax / 254.0 : amax / 14.0;
+}
+
+std::vector<float> random_q(size_t n, float range, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-range, range);
+  std::vector<float> q(n);
+  for (auto& x : q) x = dist(rng);
+  return q;
+}
+
+}  // namespace
+
+TEST_CASE("quantized KV formats stay within half a quantization step", "[attention]") {
+  using fd::kernels::KvDtype;
+  for (KvDtype dt : {KvDtype::q8, KvDtype::q4}) {
+    const auto& f = fd::kernels::kv_format(dt);
+    INFO(f.name());
+    CHECK(f.dtype() == dt);
+    CHECK_FALSE(f.supports(300));
+    const int hd = 128, bt = 16;
+    const QuantKv kv(dt, 2, hd, bt, 40, 21);
+    const int group = dt == KvDtype::q8 ? hd : 32;
+    size_t bad = 0, changed = 0;
+    for (size_t r = 0; r < kv.kq.size() / size_t(group); ++r) {
+      double amax = 0;
+      for (int i = 0; i < group; ++i) amax = std::max(amax, std::fabs(kv.src.k[r * group + size_t(i)]));
+      for (int i = 0; i < group; ++i) {
+        const double x = kv.src.k[r * group + size_t(i)], y = kv.kq[r * group + size_t(i)];
+        // Rounding to the grid: <= step/2, plus fp32 rounding of x/scale and q*scale (<= 2^-20 amax).
+        bad += std::fabs(x - y) > half_step(dt, amax) + amax * 1e-6;
+        changed += x != y;
+      }
+    }
+    CHECK(bad == 0);
+    CHECK(changed > kv.kq.size() / 2);  // really quantized
+  }
+  CHECK_FALSE(fd::kernels::kv_format(KvDtype::q4).supports(48));
+  fd::kernels::KvDtype parsed;
+  CHECK(fd::kernels::parse_kv_dtype("q4", &parsed));
+  CHECK(parsed == KvDtype::q4);
+  CHECK_FALSE(fd::kernels::parse_kv_dtype("int4", &parsed));
+}
+
+TEST_CASE("quantized attention reads the decoded values exactly and stays near fp16", "[attention]") {
+  using fd::kernels::KvDtype;
+  for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
+    for (int hd : {64, 128})
+      for (auto [len, n_q, gqa, bt] : {std::tuple{1, 1, 1, 16}, {33, 1, 4, 16}, {300, 1, 8, 16},
+                                       {40, 40, 1, 16}, {70, 5, 4, 7}}) {
+        INFO(fd::kernels::kv_dtype_name(dt) << " hd " << hd << " len " << len << " n_q " << n_q << " gqa "
+                                            << gqa << " block " << bt);
+        const int n_kv = 2, n_heads = n_kv * gqa;
+        const QuantKv kv(dt, n_kv, hd, bt, len, uint32_t(len * 3 + hd + gqa));
+        const auto q = random_q(size_t(n_q) * n_heads * hd, 1.0f, uint32_t(len + 5));
+        std::vector<float> out(q.size());
+        fd::kernels::attention(q.data(), n_q, len - n_q, kv.view(), {n_heads, n_kv, hd}, out.data());
+
+        std::vector<double> dec, dec_tol, exact, exact_tol;
+        reference(q, n_q, len - n_q, kv.decoded(), n_heads, dec, dec_tol);
+        reference(q, n_q, len - n_q, kv.src, n_heads, exact, exact_tol);
+        // Quantization noise is uniform within +-half a step and independent per element, so a
+        // score moves by sigma = scale * sqrt(sum q^2 e^2 / 3); allow 6 sigma, i.e. output error
+        // <= 2 * 6 sigma * max|v| from the weights, plus the largest value error e_v.
+        double e_k = 0, e_v = 0, vmax = 0;
+        for (size_t i = 0; i < kv.kq.size(); ++i) {
+          e_k = std::max(e_k, std::fabs(kv.kq[i] - kv.src.k[i]));
+          e_v = std::max(e_v, std::fabs(kv.vq[i] - kv.src.v[i]));
+          vmax = std::max(vmax, std::fabs(kv.src.v[i]));
+        }
+        double q2max = 0;
+        for (size_t r = 0; r < q.size() / size_t(hd); ++r) {
+          double q2 = 0;
+          for (int i = 0; i < hd; ++i) q2 += double(q[r * hd + size_t(i)]) * q[r * hd + size_t(i)];
+          q2max = std::max(q2max, q2);
+        }
+        const double sigma = std::sqrt(q2max * e_k * e_k / 3.0) / std::sqrt(double(hd));
+        const double quant_tol = 2 * 6 * sigma * vmax + e_v;
+        size_t bad_dec = 0, bad_exact = 0;
+        for (size_t i = 0; i < out.size(); ++i) {
+          bad_dec += !(std::fabs(out[i] - dec[i]) <= dec_tol[i]);
+          bad_exact += !(std::fabs(out[i] - exact[i]) <= quant_tol + exact_tol[i]);
+        }
+        CHECK(bad_dec == 0);
+        CHECK(bad_exact == 0);
+        if (dt == KvDtype::f16) CHECK(e_k == 0);
+      }
+}
+
+TEST_CASE("attention_batch matches per-sequence attention bit for bit at any thread count", "[attention]") {
+  using fd::kernels::KvDtype;
+  const int n_kv = 4, hd = 64, gqa = 2, n_heads = n_kv * gqa;
+  const fd::kernels::AttnDims d{n_heads, n_kv, hd};
+  for (KvDtype dt : {KvDtype::f16, KvDtype::q8}) {
+    std::vector<QuantKv> seqs;
+    std::vector<int> n_qs;
+    for (int s = 0; s < 9; ++s) {
+      seqs.emplace_back(dt, n_kv, hd, 16, 5 + 37 * s, uint32_t(100 + s));
+      n_qs.push_back(s % 3 == 0 ? 3 : 1);
+    }
+    const size_t qw = size_t(n_heads) * hd;
+    std::vector<std::vector<float>> q, expect;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      q.push_back(random_q(qw * n_qs[s], 2.0f, uint32_t(s)));
+      expect.emplace_back(q.back().size());
+      fd::kernels::attention(q[s].data(), n_qs[s], seqs[s].len - n_qs[s], seqs[s].view(), d, expect[s].data());
+    }
+    for (int threads : {1, 2, 3, 5}) {
+      INFO("threads " << threads << " dtype " << fd::kernels::kv_dtype_name(dt));
+      fd::kernels::ThreadPool pool(threads);
+      CHECK(pool.threads() == threads);
+      std::vector<std::vector<float>> out(seqs.size());
+      std::vector<fd::kernels::AttnItem> items;
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        out[s].assign(q[s].size(), -7.0f);
+        items.push_back({q[s].data(), out[s].data(), n_qs[s], seqs[s].len - n_qs[s], seqs[s].view()});
+      }
+      for (int rep = 0; rep < 3; ++rep) {  // the pool is reused across calls
+        fd::kernels::attention_batch(items.data(), items.size(), d, pool);
+        for (size_t s = 0; s < seqs.size(); ++s) CHECK(out[s] == expect[s]);
+      }
+      if (dt == KvDtype::f16) {
+        std::vector<fd::kernels::AttnItemF16> items16;
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          out[s].assign(q[s].size(), -7.0f);
+          items16.push_back({q[s].data(), out[s].data(), n_qs[s], seqs[s].len - n_qs[s], seqs[s].src.view()});
+        }
+        fd::kernels::attention_batch_f16(items16.data(), items16.size(), d, pool);
+        for (size_t s = 0; s < seqs.size(); ++s) CHECK(out[s] == expect[s]);
+      }
+    }
+  }
+}
+
+TEST_CASE("ThreadPool runs every item once and reports a failing item", "[attention]") {
+  for (int threads : {1, 2, 4}) {
+    fd::kernels::ThreadPool pool(threads);
+    for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(1000)}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.run(n, [&](size_t i) { hits[i].fetch_add(1); });
+      size_t once = 0;
+      for (auto& h : hits) once += h.load() == 1;
+      CHECK(once == n);
+    }
+    std::atomic<int> ran{0};
+    CHECK_THROWS_WITH(pool.run(50,
+                               [&](size_t i) {
+                                 ran.fetch_add(1);
+                                 if (i == 17) throw std::runtime_error("item 17 failed");
+                               }),
+                      "item 17 failed");
+    CHECK(ran.load() == 50);  // the other items still ran
+    std::atomic<int> after{0};
+    pool.run(3, [&](size_t) { after.fetch_add(1); });  // still usable after a failure
+    CHECK(after.load() == 3);
+  }
+}

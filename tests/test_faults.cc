@@ -1,0 +1,91 @@
+// Shard loss inside one process: the sequences of a killed shard move, re-prefill from their
+// token history and finish with exactly the tokens of a fault-free run.
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "actors/system.h"
+#include "caf/all.hpp"
+
+namespace {
+
+std::shared_ptr<const fd::Model> slow_enough_model() {
+  fd::ModelConfig c;
+  c.n_layers = 4;
+  c.dim = 256;
+  c.n_heads = 8;
+  c.n_kv_heads = 2;
+  c.head_dim = 32;
+  c.ff = 512;
+  c.vocab = 400;
+  c.ctx = 256;
+  return std::make_shared<const fd::Model>(fd::make_random_model(c, 21));
+}
+
+std::vector<fd::gen_request> requests(int n) {
+  std::vector<fd::gen_request> out;
+  for (int i = 0; i < n; ++i) {
+    fd::gen_request r;
+    r.prompt = {1};
+    for (int t = 0; t <= i; ++t) r.prompt.push_back(10 + 7 * t + i);
+    r.max_new = 160;
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<fd::gen_result> run(std::shared_ptr<const fd::Model> model, int shards,
+                                int kill_shard, std::chrono::milliseconds kill_after) {
+  caf::actor_system_config cfg;
+  fd::configure_caf(cfg, 2);
+  caf::actor_system sys{cfg};
+  fd::LocalOptions opt;
+  opt.shards = shards;
+  opt.log = false;
+  opt.kv_memory = size_t(64) << 20;
+  opt.timeout = std::chrono::seconds(5);
+  fd::LocalNode node = fd::start_local_node(sys, model, opt);
+  std::thread killer;
+  if (kill_shard >= 0)
+    killer = std::thread([&] {
+      std::this_thread::sleep_for(kill_after);
+      caf::anon_send_exit(node.shards[kill_shard], caf::exit_reason::kill);
+    });
+  auto out = fd::generate(sys, node.scheduler, requests(8), std::chrono::minutes(2));
+  if (killer.joinable()) killer.join();
+  fd::stop_local_node(node);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a killed shard's sequences finish elsewhere with identical tokens", "[faults]") {
+  auto model = slow_enough_model();
+  const auto clean = run(model, 3, -1, {});
+  for (auto after : {std::chrono::milliseconds(30), std::chrono::milliseconds(150)}) {
+    INFO("kill after " << after.count() << " ms");
+    const auto faulty = run(model, 3, 1, after);
+    REQUIRE(faulty.size() == clean.size());
+    for (size_t i = 0; i < clean.size(); ++i) {
+      INFO("request " << i);
+      REQUIRE(clean[i].error == "");
+      CHECK(faulty[i].error == "");
+      CHECK(faulty[i].tokens == clean[i].tokens);
+    }
+  }
+}
+
+TEST_CASE("with every shard gone, work waits and then fails with a clear error", "[faults]") {
+  auto model = slow_enough_model();
+  caf::actor_system_config cfg;
+  fd::configure_caf(cfg, 2);
+  caf::actor_system sys{cfg};
+  fd::LocalOptions opt;
+  opt.shards = 1;
+  opt.shard_wait = std::chrono::seconds(2);
+  fd::LocalNode node = fd::start_local_node(sys, model, opt);
+  caf::anon_send_exit(node.shards[0], caf::exit_reason::kill);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto res = fd::generate(sys, node.scheduler, requests(2), std::chrono::seconds(30));
+  for (auto& r : res) CHECK(r.error.find("no R-worker shard") != std::string::npos);
+  fd::stop_local_node(node);
+}

@@ -1,0 +1,222 @@
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "runtime/kv_store.h"
+
+namespace {
+
+fd::KvStoreConfig small_config(size_t pages) {
+  fd::KvStoreConfig c;
+  c.n_layers = 2;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.block_tokens = 4;
+  c.capacity_bytes = pages * 2 * 2 * 2 * 4 * 8 * sizeof(uint16_t);  // layers * K,V * heads * tokens * dim
+  return c;
+}
+
+// Distinct value for every (seq, layer, K/V, token, head, dim) so misplaced data is caught.
+uint16_t tag(uint64_t seq, int layer, int kv, int t, int h, int i) {
+  return static_cast<uint16_t>((seq * 7919 + layer * 4099 + kv * 2053 + t * 37 + h * 11 + i) & 0x7BFF);
+}
+
+std::vector<uint16_t> rows(const fd::KvStoreConfig& c, uint64_t seq, int layer, int kv, int pos0, int n) {
+  std::vector<uint16_t> r;
+  for (int t = pos0; t < pos0 + n; ++t)
+    for (int h = 0; h < c.n_kv_heads; ++h)
+      for (int i = 0; i < c.head_dim; ++i) r.push_back(tag(seq, layer, kv, t, h, i));
+  return r;
+}
+
+void append(fd::KvStore& s, uint64_t seq, int layer, int pos0, int n) {
+  const auto k = rows(s.config(), seq, layer, 0, pos0, n);
+  const auto v = rows(s.config(), seq, layer, 1, pos0, n);
+  s.append(seq, layer, pos0, k.data(), v.data(), n);
+}
+
+// Every cached value read back through view() sits where the attention kernel expects it.
+void check_contents(const fd::KvStore& s, uint64_t seq, int layer) {
+  const auto& c = s.config();
+  const auto kv = s.view(seq, layer);
+  REQUIRE(kv.len == s.length(seq, layer));
+  REQUIRE(kv.block_tokens == c.block_tokens);
+  size_t bad = 0;
+  for (int t = 0; t < kv.len; ++t)
+    for (int h = 0; h < c.n_kv_heads; ++h)
+      for (int i = 0; i < c.head_dim; ++i) {
+        const size_t at = (size_t(h) * c.block_tokens + t % c.block_tokens) * c.head_dim + i;
+        bad += kv.k[t / c.block_tokens][at] != tag(seq, layer, 0, t, h, i);
+        bad += kv.v[t / c.block_tokens][at] != tag(seq, layer, 1, t, h, i);
+      }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("KvStore reserves, appends and reads back per layer", "[kv]") {
+  fd::KvStore s(small_config(10));
+  CHECK(s.page_bytes() == 512);
+  CHECK(s.total_pages() == 10);
+  CHECK(s.free_pages() == 10);
+  CHECK_FALSE(s.contains(1));
+  CHECK(s.length(1, 0) == 0);
+  CHECK(s.view(1, 0).len == 0);
+
+  s.reserve(1, 10);  // 3 pages of 4 tokens
+  CHECK(s.contains(1));
+  CHECK(s.used_pages() == 3);
+  append(s, 1, 0, 0, 3);
+  append(s, 1, 0, 3, 4);  // crosses a block boundary
+  append(s, 1, 1, 0, 10);
+  CHECK(s.length(1, 0) == 7);
+  CHECK(s.length(1, 1) == 10);
+  CHECK(s.tokens() == 7);
+  check_contents(s, 1, 0);
+  check_contents(s, 1, 1);
+
+  s.reserve(1, 12);  // still 3 pages
+  CHECK(s.used_pages() == 3);
+  s.reserve(1, 13);
+  CHECK(s.used_pages() == 4);
+  append(s, 1, 1, 10, 3);
+  check_contents(s, 1, 1);
+  check_contents(s, 1, 0);
+}
+
+TEST_CASE("KvStore append rejects gaps and unreserved positions, rewinds on overlap", "[kv]") {
+  fd::KvStore s(small_config(10));
+  const auto k = rows(s.config(), 5, 0, 0, 0, 9), v = rows(s.config(), 5, 0, 1, 0, 9);
+  CHECK_THROWS_AS(s.append(5, 0, 0, k.data(), v.data(), 1), fd::Error);  // unknown sequence
+  s.reserve(5, 8);
+  CHECK_THROWS_AS(s.append(5, 0, 0, k.data(), v.data(), 9), fd::Error);  // beyond the 8 reserved
+  CHECK_THROWS_AS(s.append(5, 0, 1, k.data(), v.data(), 1), fd::Error);  // gap
+  CHECK_THROWS_AS(s.append(5, 2, 0, k.data(), v.data(), 1), fd::Error);  // no such layer
+  append(s, 5, 0, 0, 4);
+  CHECK(s.length(5, 0) == 4);
+  check_contents(s, 5, 0);
+  append(s, 5, 0, 2, 1);  // a retried step rewinds the layer to position 2 first
+  CHECK(s.length(5, 0) == 3);
+  check_contents(s, 5, 0);
+}
+
+TEST_CASE("KvStore capacity error names the shortage and changes nothing", "[kv]") {
+  fd::KvStoreConfig c;
+  c.n_layers = 8;
+  c.n_kv_heads = 4;
+  c.head_dim = 128;
+  c.block_tokens = 16;
+  c.capacity_bytes = size_t(64) << 20;
+  fd::KvStore s(c);
+  REQUIRE(s.page_bytes() == size_t(256) << 10);
+  REQUIRE(s.total_pages() == 256);
+  s.reserve(1, 255 * 16);
+  s.reserve(7, 16);
+  s.drop(1);
+  s.reserve(2, 254 * 16);  // one page left
+  try {
+    s.reserve(7, 16 * 4);
+    FAIL("reserve beyond capacity did not throw");
+  } catch (const fd::Error& e) {
+    CHECK(std::string(e.what()) ==
+          "KV-cache full: sequence 7 needs 3 more pages of 256 KiB, 1 free (capacity 64 MiB).");
+  }
+  CHECK(s.used_pages() == 255);
+  CHECK_THROWS_AS(s.reserve(9, 17), fd::Error);
+  CHECK_FALSE(s.contains(9));
+  CHECK(s.sequences() == 2);
+  s.reserve(7, 16 * 2);  // the last page is still there
+  CHECK(s.free_pages() == 0);
+}
+
+TEST_CASE("KvStore drop frees pages for reuse without fragmentation", "[kv]") {
+  fd::KvStore s(small_config(10));
+  for (uint64_t seq = 1; seq <= 5; ++seq) {
+    s.reserve(seq, 8);
+    append(s, seq, 0, 0, 8);
+    append(s, seq, 1, 0, 5);
+  }
+  CHECK(s.free_pages() == 0);
+  s.drop(2);
+  s.drop(4);
+  s.drop(42);  // unknown: no-op
+  CHECK(s.free_pages() == 4);
+  CHECK(s.sequences() == 3);
+  CHECK_FALSE(s.contains(2));
+  s.reserve(6, 16);  // takes the four scattered pages
+  CHECK(s.free_pages() == 0);
+  append(s, 6, 0, 0, 16);
+  append(s, 6, 1, 0, 16);
+  for (uint64_t seq : {1, 3, 5}) {
+    check_contents(s, seq, 0);
+    check_contents(s, seq, 1);
+  }
+  check_contents(s, 6, 0);
+  check_contents(s, 6, 1);
+  std::set<const uint16_t*> blocks;  // every block of every layer is distinct memory
+  for (uint64_t seq : {1, 3, 5, 6})
+    for (int layer = 0; layer < 2; ++layer) {
+      const auto kv = s.view(seq, layer);
+      for (int b = 0; b * 4 < kv.len; ++b) {
+        blocks.insert(kv.k[b]);
+        blocks.insert(kv.v[b]);
+      }
+    }
+  CHECK(blocks.size() == (2 + 2 + 2 + 4) * 2 * 2);
+  CHECK(s.tokens() == 8 * 3 + 16);
+}
+
+TEST_CASE("KvStore blocks keep their address while the sequence grows", "[kv]") {
+  fd::KvStore s(small_config(64));
+  s.reserve(1, 4);
+  append(s, 1, 0, 0, 4);
+  const uint16_t* first = s.view(1, 0).k[0];
+  for (int n = 8; n <= 64 * 4; n += 4) {
+    s.reserve(1, n);
+    append(s, 1, 0, n - 4, 4);
+  }
+  CHECK(s.view(1, 0).k[0] == first);
+  check_contents(s, 1, 0);
+}
+
+TEST_CASE("attention over a KvStore view matches attention over the same blocks", "[kv]") {
+  fd::KvStoreConfig c;
+  c.n_layers = 1;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.block_tokens = 16;
+  c.capacity_bytes = size_t(1) << 20;
+  fd::KvStore s(c);
+  const int len = 50;
+  s.reserve(3, len);
+  std::vector<uint16_t> k(size_t(len) * 2 * 64), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<uint16_t>(0x3000 + (i * 37) % 0x0800);  // values in [0.125, 0.5)
+    v[i] = static_cast<uint16_t>(0xB000 + (i * 53) % 0x0C00);
+  }
+  s.append(3, 0, 0, k.data(), v.data(), 20);
+  s.append(3, 0, 20, k.data() + 20 * 128, v.data() + 20 * 128, len - 20);
+  // The same data laid out by hand: block b, head h, token t at ((h * 16) + t % 16) * 64.
+  std::vector<std::vector<uint16_t>> kb(4, std::vector<uint16_t>(2 * 16 * 64)), vb = kb;
+  for (int t = 0; t < len; ++t)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 64; ++i) {
+        kb[t / 16][(h * 16 + t % 16) * 64 + i] = k[(size_t(t) * 2 + h) * 64 + i];
+        vb[t / 16][(h * 16 + t % 16) * 64 + i] = v[(size_t(t) * 2 + h) * 64 + i];
+      }
+  std::vector<const uint16_t*> kp, vp;
+  for (int b = 0; b < 4; ++b) {
+    kp.push_back(kb[b].data());
+    vp.push_back(vb[b].data());
+  }
+  std::vector<float> q(8 * 64), a(q.size()), b(q.size());
+  for (size_t i = 0; i < q.size(); ++i) q[i] = float(int(i % 13) - 6) * 0.25f;
+  const fd::kernels::AttnDims d{8, 2, 64};
+  fd::kernels::attention_f16(q.data(), 1, len - 1, s.view(3, 0), d, a.data());
+  fd::kernels::attention_f16(q.data(), 1, len - 1, {kp.data(), vp.data(), 16, len}, d, b.data());
+  CHECK(a == b);
+}
