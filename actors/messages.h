@@ -8,6 +8,8 @@
 
 #include "caf/atom.hpp"
 #include "caf/meta/type_name.hpp"
+#include "caf/replies_to.hpp"
+#include "caf/typed_actor.hpp"
 
 namespace fd {
 
@@ -29,10 +31,12 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
+using rows_atom = caf::atom_constant<caf::atom("rows")>;
+using add_atom = caf::atom_constant<caf::atom("add")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 
 // Bumped whenever a message changes: nodes of different versions refuse each other.
-constexpr int32_t kProtocolVersion = 1;
+constexpr int32_t kProtocolVersion = 2;
 
 // Rows [row0, row0 + n) of a payload belong to sequence seq at positions [pos0, pos0 + n).
 struct seq_rows {
@@ -67,6 +71,7 @@ struct shard_stats {
   uint64_t page_bytes = 0;
   double busy_ms = 0;        // attention time since start
   uint64_t requests = 0;
+  uint64_t served = 0;       // distinct sequences since start
 };
 
 // Scheduler -> anyone: what it holds now.
@@ -98,6 +103,15 @@ struct s_output {
   bytes logits;  // [logit_rows][vocab] f32
 };
 
+// Scheduler -> client: one generated token, sent as soon as it is sampled.
+struct token_event {
+  uint64_t tag = 0;   // the request's tag
+  int32_t token = 0;
+};
+
+// A client's actor that receives streamed tokens.
+using token_sink = caf::typed_actor<caf::reacts_to<token_event>>;
+
 // Client -> scheduler: one prompt to complete.
 struct gen_request {
   std::vector<int32_t> prompt;  // token ids, BOS included
@@ -107,6 +121,8 @@ struct gen_request {
   float top_p = 1;
   uint64_t seed = 0;
   bool want_logits = false;     // return the logits of every generated token
+  uint64_t tag = 0;             // the client's name for the request (streaming, cancel)
+  token_sink sink;              // receives each token as it is sampled; may be null
 };
 
 // Scheduler -> client.
@@ -169,7 +185,7 @@ typename Inspector::result_type inspect(Inspector& f, attn_reply& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
   return f(caf::meta::type_name("shard_stats"), x.name, x.sequences, x.tokens, x.used_pages,
-           x.free_pages, x.page_bytes, x.busy_ms, x.requests);
+           x.free_pages, x.page_bytes, x.busy_ms, x.requests, x.served);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sched_stats& x) {
@@ -188,9 +204,13 @@ typename Inspector::result_type inspect(Inspector& f, s_output& x) {
   return f(caf::meta::type_name("s_output"), x.next_layer, x.q, x.k, x.v, x.logits);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_event& x) {
+  return f(caf::meta::type_name("token_event"), x.tag, x.token);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, gen_request& x) {
   return f(caf::meta::type_name("gen_request"), x.prompt, x.max_new, x.temperature, x.top_k,
-           x.top_p, x.seed, x.want_logits);
+           x.top_p, x.seed, x.want_logits, x.tag, x.sink);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, gen_result& x) {

@@ -1,7 +1,8 @@
-// Micro-batch: the sequences that step through the model together. One step is the whole journey
-// of one token per sequence (all prompt tokens on its first step): S-part on the GPU stream,
-// R-part on each sequence's shard, layer by layer, then sampling.
+// Micro-batch: sequences admitted together. It owns their token history, sampling and placement;
+// its mini-batch steps it through the model together with the other micro-batches of that stage.
 #pragma once
+#include <vector>
+
 #include "actors/type_ids.h"
 #include "runtime/model.h"
 
@@ -10,10 +11,9 @@ namespace fd {
 struct MicroBatchConfig {
   ModelConfig model;
   int32_t eos = 2;
-  caf::timespan timeout = std::chrono::seconds(60);  // per S-part or R-part request
 };
 
 micro_batch_actor spawn_micro_batch(caf::actor_system& sys, const MicroBatchConfig& cfg,
-                                    scheduler_actor scheduler, stream_actor stream);
+                                    scheduler_actor scheduler, std::vector<seq_start> seqs);
 
 }  // namespace fd

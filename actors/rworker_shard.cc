@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <optional>
+#include <unordered_set>
 
 #include "caf/all.hpp"
 
@@ -12,6 +13,7 @@ struct ShardState {
   ShardConfig cfg;
   std::optional<KvStore> store;
   shard_stats stats;
+  std::unordered_set<uint64_t> seen;  // sequences ever served, for stats.served
   static inline const char* name = "rworker_shard";
 };
 
@@ -45,6 +47,7 @@ caf::result<attn_reply> attend(ShardState& st, const attn_request& r) {
     try {
       for (const auto& s : r.seqs) {
         if (s.pos0 == 0) st.store->drop(s.seq);  // a re-prefill starts the sequence afresh
+        st.seen.insert(s.seq);
         st.store->reserve(s.seq, s.pos0 + s.n);
       }
     } catch (const Error& e) {
@@ -83,6 +86,7 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardSta
       [self](stats_atom) {
         auto& st = self->state;
         shard_stats s = st.stats;
+        s.served = st.seen.size();
         s.name = st.cfg.name;
         s.sequences = st.store->sequences();
         s.tokens = st.store->tokens();

@@ -21,10 +21,14 @@ struct ShardEntry {
 
 struct Live {
   caf::typed_response_promise<gen_result> promise;
-  gen_request req;          // kept until the sequence enters the batch
+  gen_request req;          // kept until the sequence enters a micro-batch
   int32_t shard = -1;       // -1 while queued
   uint64_t tokens = 0;      // the most tokens the sequence can hold
   clock::time_point since;  // when it started waiting
+  caf::actor_addr client;   // who asked; its death cancels the sequence
+  micro_batch_actor micro;  // null while queued
+  size_t mini = 0;          // index of its mini-batch
+  uint64_t tag = 0;         // the client's name for it
 };
 
 struct Leave {
@@ -42,7 +46,8 @@ struct SchedState {
   SchedulerConfig cfg;
   std::map<int32_t, ShardEntry> shards;
   int32_t next_shard = 0;
-  micro_batch_actor batch;
+  std::vector<mini_batch_actor> minis;
+  std::vector<size_t> mini_seqs;  // [minis] live sequences in each
   uint64_t next_seq = 1;
   std::unordered_map<uint64_t, Live> live;
   std::deque<uint64_t> queue;  // admitted sequences waiting for room in the batch or a shard
@@ -112,8 +117,11 @@ void fail(self_ptr self, uint64_t seq, const std::string& why) {
   st.live.erase(it);
 }
 
+// Forms one micro-batch of every queued sequence that fits now, first in first served, and hands it
+// to the mini-batch with the fewest sequences.
 void admit_queued(self_ptr self) {
   auto& st = self->state;
+  std::vector<seq_start> group;
   while (!st.queue.empty() && st.in_batch < static_cast<size_t>(st.cfg.max_batch)) {
     const uint64_t seq = st.queue.front();
     auto it = st.live.find(seq);
@@ -133,15 +141,42 @@ void admit_queued(self_ptr self) {
         log(st) << "scheduler: waiting for R-worker shards to join\n";
         st.said_waiting = true;
       }
-      return;  // first in, first served: later ones wait too
+      break;  // later ones wait too
     }
     st.said_waiting = false;
     l.shard = shard;
     st.queue.pop_front();
     ++st.in_batch;
-    self->send(st.batch, seq_start{seq_place{seq, shard, st.shards[shard].info.hdl},
-                                   std::move(l.req)});
+    group.push_back(seq_start{seq_place{seq, shard, st.shards[shard].info.hdl}, l.req});
   }
+  if (group.empty()) return;
+  const size_t mini = static_cast<size_t>(
+      std::min_element(st.mini_seqs.begin(), st.mini_seqs.end()) - st.mini_seqs.begin());
+  st.mini_seqs[mini] += group.size();
+  std::vector<uint64_t> ids;
+  for (auto& g : group) ids.push_back(g.place.seq);
+  auto micro = spawn_micro_batch(self->system(), st.cfg.batch,
+                                 caf::actor_cast<scheduler_actor>(self), std::move(group));
+  for (uint64_t id : ids) {
+    Live& l = st.live[id];
+    l.micro = micro;
+    l.mini = mini;
+    l.req = gen_request{};  // the micro-batch has it now
+  }
+  self->send(st.minis[mini], add_atom::value, micro);
+}
+
+// Ends a live sequence on behalf of its client: queued ones at once, running ones at the next step.
+void cancel(self_ptr self, uint64_t seq, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.live.find(seq);
+  if (it == st.live.end()) return;
+  if (it->second.micro) {
+    self->send(it->second.micro, cancel_atom::value, seq, why);
+    return;
+  }
+  st.queue.erase(std::remove(st.queue.begin(), st.queue.end(), seq), st.queue.end());
+  fail(self, seq, why);
 }
 
 // Answers the micro-batch's re-placement requests that can now be served.
@@ -197,7 +232,7 @@ void drop_shard(self_ptr self, int32_t id, const std::string& why) {
   self->demonitor(it->second.info.hdl.address());
   caf::anon_send_exit(it->second.info.hdl, caf::exit_reason::kill);
   st.shards.erase(it);
-  self->send(st.batch, lost_atom::value, id);
+  for (auto& m : st.minis) self->send(m, lost_atom::value, id);
 }
 
 shard_ids register_shards(self_ptr self, add_shards& req) {
@@ -218,15 +253,24 @@ shard_ids register_shards(self_ptr self, add_shards& req) {
 }
 
 scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg,
-                                              stream_actor stream) {
+                                              std::vector<stream_actor> streams) {
   auto& st = self->state;
   st.cfg = cfg;
-  st.batch = spawn_micro_batch(self->system(), cfg.batch, caf::actor_cast<scheduler_actor>(self),
-                               std::move(stream));
-  self->link_to(st.batch);
+  for (auto& stream : streams) {
+    st.minis.push_back(spawn_mini_batch(self->system(), cfg.mini,
+                                        caf::actor_cast<scheduler_actor>(self), std::move(stream)));
+    self->link_to(st.minis.back());
+  }
+  st.mini_seqs.assign(st.minis.size(), 0);
   self->set_down_handler([self](caf::down_msg& dm) {
-    for (auto& [id, e] : self->state.shards)
+    auto& st = self->state;
+    for (auto& [id, e] : st.shards)
       if (e.info.hdl.address() == dm.source) return drop_shard(self, id, "went down");
+    // A client went away: its sequences end and free their KV-cache; nobody else notices.
+    std::vector<uint64_t> gone;
+    for (auto& [seq, l] : st.live)
+      if (l.client == dm.source) gone.push_back(seq);
+    for (uint64_t seq : gone) cancel(self, seq, "cancelled: the client went away");
   });
   self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   return {
@@ -241,7 +285,12 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         const uint64_t id = st.next_seq++;
         Live l;
         l.promise = self->make_response_promise<gen_result>();
+        if (auto sender = self->current_sender()) {
+          l.client = caf::actor_cast<caf::actor_addr>(sender);
+          self->monitor(caf::actor_cast<caf::actor>(sender));
+        }
         l.tokens = std::min<uint64_t>(req.prompt.size() + req.max_new, st.cfg.batch.model.ctx);
+        l.tag = req.tag;
         l.req = std::move(req);
         l.since = clock::now();
         auto promise = l.promise;
@@ -256,6 +305,7 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         if (it == st.live.end()) return;
         release(st, it->second);
         it->second.promise.deliver(std::move(done.result));
+        if (it->second.micro) st.mini_seqs[it->second.mini]--;
         st.live.erase(it);
         --st.in_batch;
         admit_queued(self);
@@ -263,6 +313,12 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
       },
       [self](add_shards& req) { return register_shards(self, req); },
       [self](lost_atom, int32_t id) { drop_shard(self, id, "stopped answering"); },
+      [self](cancel_atom, uint64_t tag) {
+        auto& st = self->state;
+        const auto client = caf::actor_cast<caf::actor_addr>(self->current_sender());
+        for (auto& [seq, l] : st.live)
+          if (l.client == client && l.tag == tag) return cancel(self, seq, "cancelled");
+      },
       [self](stats_atom) {
         const auto& st = self->state;
         sched_stats s;
@@ -280,7 +336,7 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
             lv.shards.push_back(id);
             self->demonitor(e.info.hdl.address());
             log(st) << "scheduler: shard " << e.info.name << " is leaving\n";
-            self->send(st.batch, lost_atom::value, id);
+            for (auto& m : st.minis) self->send(m, lost_atom::value, id);
           }
         auto promise = lv.promise;
         st.leaves.push_back(std::move(lv));
@@ -343,8 +399,8 @@ std::string check_request(const ModelConfig& model, const gen_request& req) {
 }
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, const SchedulerConfig& cfg,
-                                stream_actor stream) {
-  return sys.spawn(sched_behavior, cfg, std::move(stream));
+                                std::vector<stream_actor> streams) {
+  return sys.spawn(sched_behavior, cfg, std::move(streams));
 }
 
 }  // namespace fd

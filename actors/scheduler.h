@@ -5,19 +5,22 @@
 #include <vector>
 
 #include "actors/micro_batch.h"
+#include "actors/mini_batch.h"
 #include "actors/type_ids.h"
 
 namespace fd {
 
 struct SchedulerConfig {
   MicroBatchConfig batch;
+  MiniBatchConfig mini;
   int max_batch = 256;                                   // sequences stepping together
   caf::timespan shard_wait = std::chrono::seconds(30);   // how long work waits for a shard
   bool log = true;                                       // shard joins and losses on stderr
 };
 
+// One mini-batch per stream: two streams give the two-stage pipeline.
 scheduler_actor spawn_scheduler(caf::actor_system& sys, const SchedulerConfig& cfg,
-                                stream_actor stream);
+                                std::vector<stream_actor> streams);
 
 // The reason a request cannot run on this model, or "" when it can.
 std::string check_request(const ModelConfig& model, const gen_request& req);

@@ -39,16 +39,23 @@ GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> mode
   GpuNode node;
   node.model = model;
   node.backend = make_cpu_backend(*model);
-  node.stream = spawn_gpu_stream(sys, node.backend);
+  for (int i = 0; i < std::max(1, opt.pipeline); ++i)
+    node.streams.push_back(spawn_gpu_stream(sys, node.backend));
   SchedulerConfig sc;
   sc.batch.model = model->cfg;
   sc.batch.eos = model->vocab.eos;
-  sc.batch.timeout = opt.timeout;
+  sc.mini.model = model->cfg;
+  sc.mini.timeout = opt.timeout;
   sc.max_batch = opt.max_batch;
   sc.shard_wait = opt.shard_wait;
   sc.log = opt.log;
-  node.scheduler = spawn_scheduler(sys, sc, node.stream);
+  node.scheduler = spawn_scheduler(sys, sc, node.streams);
   return node;
+}
+
+void stop_gpu_node(GpuNode& node) {
+  caf::anon_send_exit(node.scheduler, caf::exit_reason::user_shutdown);
+  for (auto& s : node.streams) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
 }
 
 void configure_network(caf::actor_system_config& cfg, caf::timespan connection_timeout) {
@@ -59,8 +66,9 @@ void configure_network(caf::actor_system_config& cfg, caf::timespan connection_t
 
 LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
                            const LocalOptions& opt) {
-  GpuNode gpu = start_gpu_node(sys, model, opt);
-  LocalNode node{gpu.model, gpu.backend, {}, gpu.stream, gpu.scheduler};
+  LocalNode node;
+  node.gpu = start_gpu_node(sys, model, opt);
+  node.scheduler = node.gpu.scheduler;
   const ModelConfig& mc = model->cfg;
   add_shards reg;
   reg.shards = spawn_shards(sys, "shard-", opt.shards,
@@ -76,10 +84,8 @@ LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> 
 }
 
 void stop_local_node(LocalNode& node) {
-  auto kill = [](const auto& hdl) { caf::anon_send_exit(hdl, caf::exit_reason::user_shutdown); };
-  kill(node.scheduler);
-  kill(node.stream);
-  for (auto& s : node.shards) kill(s);
+  stop_gpu_node(node.gpu);
+  for (auto& s : node.shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
 }
 
 std::vector<gen_result> generate(caf::actor_system& sys, const scheduler_actor& scheduler,

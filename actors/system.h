@@ -27,24 +27,24 @@ struct LocalOptions {
   caf::timespan timeout = std::chrono::seconds(60);     // per S-part or R-part request
   caf::timespan shard_wait = std::chrono::seconds(30);  // work waits this long for a shard
   bool log = true;                                      // scheduler lines on stderr
+  int pipeline = 2;                                     // mini-batches in flight (1 or 2)
 };
 
 // The scheduler and its GPU stream, with no shard yet (`--role gpu`).
 struct GpuNode {
   std::shared_ptr<const Model> model;
   std::shared_ptr<const SPartBackend> backend;
-  stream_actor stream;
+  std::vector<stream_actor> streams;  // one per mini-batch
   scheduler_actor scheduler;
 };
 GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
                        const LocalOptions& opt);
+void stop_gpu_node(GpuNode& node);
 
 // Shards, one GPU stream and the scheduler, all in this process.
 struct LocalNode {
-  std::shared_ptr<const Model> model;
-  std::shared_ptr<const SPartBackend> backend;
+  GpuNode gpu;
   std::vector<shard_actor> shards;
-  stream_actor stream;
   scheduler_actor scheduler;
 };
 

@@ -52,18 +52,42 @@ struct seq_place {
   shard_actor hdl;
 };
 
-// Scheduler -> micro-batch: a sequence joins at the next step.
+// Scheduler -> micro-batch (at spawn): a sequence of it.
 struct seq_start {
   seq_place place;
   gen_request req;
 };
 
-// Micro-batch: a set of sequences that step through the model together.
+// The rows one sequence adds to a step: tokens at positions [pos0, pos0 + tokens.size()).
+struct seq_step {
+  seq_place place;
+  int32_t pos0 = 0;
+  std::vector<int32_t> tokens;
+};
+
+// Micro-batch -> mini-batch: its sequences' rows for the next step.
+struct mb_rows {
+  std::vector<seq_step> seqs;
+};
+
+// Mini-batch -> micro-batch: next-token logits of its sequences, in the order of its mb_rows.
+struct mb_logits {
+  bytes logits;  // [seqs][vocab] f32
+};
+
+// Micro-batch: sequences that started together and step together until each has ended.
 using micro_batch_actor = caf::typed_actor<
-    caf::reacts_to<seq_start>,               // admit a sequence at the next step
-    caf::reacts_to<cancel_atom, uint64_t>,   // drop a sequence (client gone)
-    caf::reacts_to<lost_atom, int32_t>,      // move every sequence off this shard
-    caf::reacts_to<step_atom>>;              // run the next step if idle
+    caf::replies_to<rows_atom>::with<mb_rows>,   // rows of the next step (re-placing if needed)
+    caf::replies_to<mb_logits>::with<int32_t>,   // sample; answers how many sequences go on
+    caf::reacts_to<cancel_atom, uint64_t, std::string>,  // end a sequence with this error
+    caf::reacts_to<lost_atom, int32_t>>;         // sequences on this shard must move
+
+// Mini-batch: one stage of the two-stage pipeline, with its own GPU stream. It steps all its
+// micro-batches together: one S-part batch, then per layer one message per shard.
+using mini_batch_actor = caf::typed_actor<
+    caf::reacts_to<add_atom, micro_batch_actor>,  // a micro-batch joins at the next step
+    caf::reacts_to<lost_atom, int32_t>,           // a shard is gone: retry a step waiting on it
+    caf::reacts_to<step_atom>>;                   // run the next step if idle
 
 // Scheduler: admits requests, places sequences on shards, feeds micro-batches.
 using scheduler_actor = caf::typed_actor<
@@ -74,6 +98,7 @@ using scheduler_actor = caf::typed_actor<
     caf::replies_to<replace_request>::with<std::vector<seq_place>>,  // re-place sequences
     caf::reacts_to<lost_atom, int32_t>,                              // a shard stopped answering
     caf::replies_to<stats_atom>::with<sched_stats>,                  // shards, queue, live
+    caf::reacts_to<cancel_atom, uint64_t>,                           // the sender's request tag
     caf::reacts_to<tick_atom>>;                                      // expire waiting work
 
 // Gatekeeper: the one actor a node publishes; checks the cluster secret and protocol version.
@@ -107,6 +132,18 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, seq_start& x) {
   return f(caf::meta::type_name("seq_start"), x.place, x.req);
 }
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, seq_step& x) {
+  return f(caf::meta::type_name("seq_step"), x.place, x.pos0, x.tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, mb_rows& x) {
+  return f(caf::meta::type_name("mb_rows"), x.seqs);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, mb_logits& x) {
+  return f(caf::meta::type_name("mb_logits"), x.logits);
+}
 
 }  // namespace fd
 
@@ -131,9 +168,15 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::add_shards))
 CAF_ADD_TYPE_ID(fastdecode, (fd::leave_request))
 CAF_ADD_TYPE_ID(fastdecode, (fd::seq_place))
 CAF_ADD_TYPE_ID(fastdecode, (fd::seq_start))
+CAF_ADD_TYPE_ID(fastdecode, (fd::seq_step))
+CAF_ADD_TYPE_ID(fastdecode, (fd::mb_rows))
+CAF_ADD_TYPE_ID(fastdecode, (fd::mb_logits))
+CAF_ADD_TYPE_ID(fastdecode, (fd::token_event))
+CAF_ADD_TYPE_ID(fastdecode, (fd::token_sink))
 CAF_ADD_TYPE_ID(fastdecode, (fd::shard_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::stream_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::micro_batch_actor))
+CAF_ADD_TYPE_ID(fastdecode, (fd::mini_batch_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::scheduler_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::gatekeeper_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::shard_ids))

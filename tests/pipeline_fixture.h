@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "actors/system.h"
+#include "kernels/ops.h"
 #include "caf/all.hpp"
 
 struct PipelineRun {
@@ -14,6 +15,7 @@ struct PipelineRun {
 inline std::vector<fd::gen_result> run_pipeline(std::shared_ptr<const fd::Model> model,
                                                 const std::vector<fd::gen_request>& reqs,
                                                 int shards) {
+  fd::kernels::set_gemm_threads(1);  // two mini-batches call BLAS at once
   caf::actor_system_config cfg;
   fd::configure_caf(cfg, 2);
   caf::actor_system sys{cfg};

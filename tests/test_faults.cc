@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "actors/system.h"
+#include "kernels/ops.h"
 #include "caf/all.hpp"
 
 namespace {
@@ -35,6 +36,7 @@ std::vector<fd::gen_request> requests(int n) {
 
 std::vector<fd::gen_result> run(std::shared_ptr<const fd::Model> model, int shards,
                                 int kill_shard, std::chrono::milliseconds kill_after) {
+  fd::kernels::set_gemm_threads(1);  // two mini-batches call BLAS at once
   caf::actor_system_config cfg;
   fd::configure_caf(cfg, 2);
   caf::actor_system sys{cfg};

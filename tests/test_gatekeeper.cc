@@ -82,6 +82,5 @@ TEST_CASE("gatekeeper refuses wrong secrets, versions and runs", "[gatekeeper]")
   CHECK(got_scheduler);
   for (auto& s : shards) caf::anon_send_exit(s.hdl, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(node.scheduler, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(node.stream, caf::exit_reason::user_shutdown);
+  fd::stop_gpu_node(node);
 }

@@ -220,3 +220,55 @@ TEST_CASE("attention over a KvStore view matches attention over the same blocks"
   fd::kernels::attention_f16(q.data(), 1, len - 1, {kp.data(), vp.data(), 16, len}, d, b.data());
   CHECK(a == b);
 }
+
+TEST_CASE("KvStore with a quantized dtype encodes rows through its KvFormat", "[kv]") {
+  using fd::kernels::KvDtype;
+  for (KvDtype dt : {KvDtype::q8, KvDtype::q4}) {
+    const auto& f = fd::kernels::kv_format(dt);
+    INFO(f.name());
+    fd::KvStoreConfig c;
+    c.n_layers = 2;
+    c.n_kv_heads = 2;
+    c.head_dim = 64;
+    c.block_tokens = 16;
+    c.dtype = dt;
+    c.capacity_bytes = size_t(1) << 20;
+    fd::KvStore s(c);
+    const size_t hb = f.head_block_bytes(16, 64);
+    CHECK(s.page_bytes() == (2 * 2 * 2 * hb + 63) / 64 * 64);
+    CHECK(s.page_bytes() < 2 * 2 * 2 * 16 * 64 * sizeof(uint16_t) / (dt == KvDtype::q8 ? 1.8 : 3.0));
+    s.reserve(4, 40);
+    const int n = 37;
+    std::vector<uint16_t> k(size_t(n) * 2 * 64), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = static_cast<uint16_t>(0x3400 + (i * 7919) % 0x0400 + ((i & 1) << 15));  // +-[0.25, 0.5)
+      v[i] = static_cast<uint16_t>(0x2C00 + (i * 104729) % 0x0C00 + ((i & 2) << 14));
+    }
+    s.append(4, 1, 0, k.data(), v.data(), 10);
+    s.append(4, 1, 10, k.data() + 10 * 128, v.data() + 10 * 128, n - 10);
+    CHECK_THROWS_AS(s.view(4, 1), fd::Error);  // no fp16 view of quantized data
+    const auto kv = s.view_blocks(4, 1);
+    CHECK(kv.dtype == dt);
+    CHECK(kv.len == n);
+    size_t bad = 0;
+    std::vector<uint8_t> expect(hb);
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < 2; ++h)
+        for (int which = 0; which < 2; ++which) {
+          const uint8_t* block = (which == 0 ? kv.k : kv.v)[t / 16] + size_t(h) * hb;
+          const uint16_t* src = (which == 0 ? k : v).data() + (size_t(t) * 2 + h) * 64;
+          f.encode_row(src, 64, 16, t % 16, expect.data());
+          std::vector<float> got(64), want(64);
+          f.decode_row(block, 64, 16, t % 16, got.data());
+          f.decode_row(expect.data(), 64, 16, t % 16, want.data());
+          bad += got != want;
+        }
+    CHECK(bad == 0);
+  }
+  fd::KvStoreConfig c;
+  c.n_layers = 1;
+  c.n_kv_heads = 1;
+  c.head_dim = 8;
+  c.dtype = KvDtype::q4;
+  CHECK_THROWS_AS(fd::KvStore(c), fd::Error);  // q4 needs head_dim % 32 == 0
+}

@@ -53,7 +53,7 @@ int run_gpu_role(const NodeArgs& args) {
                 " without a cluster secret: set --token or FASTDECODE_TOKEN");
   auto model = load_or_synthesize(args.model_path);
   StopSignals signals;
-  kernels::set_gemm_threads(2);
+  kernels::set_gemm_threads(args.gemm_threads);
   caf::actor_system_config cfg;
   configure_caf(cfg, args.threads);
   configure_network(cfg, kConnectionTimeout);
@@ -74,8 +74,7 @@ int run_gpu_role(const NodeArgs& args) {
     rc = generate_and_print(sys, node.scheduler, *model, args);
   }
   caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(node.scheduler, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(node.stream, caf::exit_reason::user_shutdown);
+  stop_gpu_node(node);
   return rc;
 }
 
@@ -91,6 +90,38 @@ gatekeeper_actor connect(caf::actor_system& sys, const HostPort& hp, const std::
       throw Error("cannot reach the gpu node at " + where + ": " + sys.render(gate.error()));
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
+}
+
+// Prints what the shards served, stops them and waits until they are gone: a shard still
+// running when the actor system shuts down can keep the process from exiting.
+void report_and_stop(caf::scoped_actor& self, caf::actor_system& sys, const std::string& name,
+                     const std::vector<shard_actor>& shards) {
+  uint64_t requests = 0, sequences = 0;
+  double busy_ms = 0;
+  for (auto& s : shards)
+    self->request(s, std::chrono::seconds(5), stats_atom::value)
+        .receive(
+            [&](shard_stats& st) {
+              requests += st.requests;
+              sequences += st.served;
+              busy_ms += st.busy_ms;
+            },
+            [&](caf::error& e) {
+              std::cerr << "cpu node " << name << ": no stats from a shard: " << sys.render(e)
+                        << "\n";
+            });
+  std::cerr << "cpu node " << name << ": served " << requests << " attention requests for "
+            << sequences << " sequences (" << static_cast<int64_t>(busy_ms) << " ms busy)\n";
+  for (auto& s : shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  size_t down = 0;
+  bool waiting = true;
+  while (waiting && down < shards.size())
+    self->receive(
+        [&](caf::down_msg& dm) {
+          for (auto& s : shards)
+            if (dm.source == s.address()) ++down;
+        },
+        caf::after(std::chrono::seconds(5)) >> [&] { waiting = false; });
 }
 
 }  // namespace
@@ -159,7 +190,7 @@ int run_cpu_role(const NodeArgs& args) {
         },
         caf::after(std::chrono::milliseconds(200)) >> [] {});
   }
-  for (auto& s : shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  report_and_stop(self, sys, name, shards);
   return rc;
 }
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 #include <iostream>
 
 #include "runtime/error.h"
@@ -78,8 +79,13 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("shards", po::value(&a.local.shards)->default_value(2), "R-worker shards")
       ("kv-memory", po::value(&kv_memory)->default_value("1GiB"), "KV-cache capacity per shard")
       ("max-batch", po::value(&a.local.max_batch)->default_value(256), "sequences per step")
+      ("pipeline", po::value(&a.local.pipeline)->default_value(2),
+       "mini-batches in flight: 2 overlaps the S-part of one with the R-part of the other")
       ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
       ("threads", po::value(&a.threads)->default_value(2), "actor scheduler threads")
+      ("gemm-threads", po::value(&a.gemm_threads)->default_value(0),
+       "BLAS threads of each CPU S-part call (0: cores / --pipeline; concurrent callers that "
+       "oversubscribe the cores stall each other)")
       ("json", po::bool_switch(&a.json), "one JSON object per prompt per line")
       ("listen", po::value(&a.listen)->default_value("127.0.0.1:4242"), "gpu: HOST:PORT to serve")
       ("join", po::value(&a.join), "cpu: HOST:PORT of the gpu node")
@@ -105,7 +111,12 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (a.n_predict < 1) throw Error("-n must be at least 1");
   if (a.local.shards < 1) throw Error("--shards must be at least 1");
   if (a.local.max_batch < 1) throw Error("--max-batch must be at least 1");
+  if (a.local.pipeline < 1 || a.local.pipeline > 2) throw Error("--pipeline must be 1 or 2");
   if (a.threads < 1) throw Error("--threads must be at least 1");
+  if (a.gemm_threads < 0) throw Error("--gemm-threads must be >= 0");
+  if (a.gemm_threads == 0)
+    a.gemm_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                     a.local.pipeline);
   if (!(timeout_s > 0)) throw Error("--timeout must be positive");
   validate(a.sampling);
   a.local.kv_memory = parse_size(kv_memory);

@@ -16,7 +16,8 @@ struct NodeArgs {
   int n_predict = 32;
   SamplingParams sampling;
   LocalOptions local;
-  int threads = 2;  // CAF scheduler threads
+  int threads = 2;       // CAF scheduler threads
+  int gemm_threads = 0;  // BLAS threads per S-part call; 0: cores / pipeline
   bool json = false;
   // Network roles.
   std::string listen = "127.0.0.1:4242";  // --role gpu

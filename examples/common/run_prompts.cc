@@ -110,7 +110,7 @@ int generate_and_print(caf::actor_system& sys, const scheduler_actor& scheduler,
 int run_prompts_all(const NodeArgs& args) {
   auto model = load_or_synthesize(args.model_path);
   if (args.prompts.empty()) throw Error("no prompt given (use --prompt TEXT or --prompts FILE)");
-  kernels::set_gemm_threads(2);
+  kernels::set_gemm_threads(args.gemm_threads);
   caf::actor_system_config cfg;
   configure_caf(cfg, args.threads);
   caf::actor_system sys{cfg};

@@ -1,0 +1,270 @@
+#include "actors/mini_batch.h"
+
+#include <algorithm>
+
+#include "caf/all.hpp"
+
+namespace fd {
+namespace {
+
+// Where one sequence's rows sit in the step.
+struct RowRef {
+  size_t micro = 0;  // index into MiniState::micros
+  size_t index = 0;  // the sequence's index in that micro-batch's mb_rows
+  seq_step* step = nullptr;
+};
+
+// The rows of one shard inside a step's payload.
+struct Group {
+  int32_t shard = 0;
+  shard_actor hdl;
+  size_t row0 = 0;
+  size_t rows = 0;
+  std::vector<seq_rows> seqs;
+};
+
+struct MiniState {
+  MiniBatchConfig cfg;
+  scheduler_actor scheduler;
+  stream_actor stream;
+  std::vector<micro_batch_actor> micros;  // stepping
+  std::vector<micro_batch_actor> joining; // join at the next step
+  bool running = false;
+  uint64_t step = 0;
+  // The step in flight.
+  std::vector<mb_rows> rows_of;           // [micros]
+  std::vector<RowRef> order;              // sequences sorted by shard
+  std::vector<Group> groups;
+  size_t rows = 0;
+  int pending = 0;                        // outstanding replies of the current phase
+  bytes o;                                // [rows][n_heads*head_dim] f32 gathered from shards
+  static inline const char* name = "mini_batch";
+};
+
+using self_ptr = mini_batch_actor::stateful_pointer<MiniState>;
+
+void on_output(self_ptr self, uint64_t step, s_output& out);
+
+void next_step(self_ptr self) {
+  self->state.running = false;
+  ++self->state.step;  // late replies of the old step are ignored
+  self->send(self, step_atom::value);
+}
+
+bool current(const MiniState& st, uint64_t step) { return st.running && st.step == step; }
+
+void tell_lost(self_ptr self, int32_t shard) {
+  for (auto& m : self->state.micros) self->send(m, lost_atom::value, shard);
+  for (auto& m : self->state.joining) self->send(m, lost_atom::value, shard);
+}
+
+// A shard that timed out or died: its sequences move and the step is retried from its start
+// (shards overwrite the K/V rows they already took for it). Other errors fail the sequences.
+void shard_failed(self_ptr self, uint64_t step, int32_t shard, const caf::error& err) {
+  auto& st = self->state;
+  if (!current(st, step)) return;
+  if (err == caf::sec::request_timeout || err == caf::sec::request_receiver_down) {
+    tell_lost(self, shard);  // before their next rows request, as sends keep their order
+    self->send(st.scheduler, lost_atom::value, shard);
+  } else {
+    const std::string why = "R-part failed: " + self->system().render(err);
+    for (const RowRef& r : st.order)
+      if (r.step->place.shard == shard)
+        self->send(st.micros[r.micro], cancel_atom::value, r.step->place.seq, why);
+  }
+  next_step(self);
+}
+
+// The S-part failed: every sequence of the step fails.
+void stream_failed(self_ptr self, uint64_t step, const caf::error& err) {
+  auto& st = self->state;
+  if (!current(st, step)) return;
+  const std::string why = "S-part failed: " + self->system().render(err);
+  for (const RowRef& r : st.order)
+    self->send(st.micros[r.micro], cancel_atom::value, r.step->place.seq, why);
+  next_step(self);
+}
+
+void scatter_logits(self_ptr self, uint64_t step, const bytes& logits) {
+  auto& st = self->state;
+  const size_t row_bytes = st.cfg.model.vocab * sizeof(float);
+  std::vector<mb_logits> per(st.micros.size());
+  for (size_t m = 0; m < st.micros.size(); ++m)
+    per[m].logits.resize(st.rows_of[m].seqs.size() * row_bytes);
+  for (size_t i = 0; i < st.order.size(); ++i) {
+    const RowRef& r = st.order[i];
+    std::copy_n(logits.begin() + i * row_bytes, row_bytes,
+                per[r.micro].logits.begin() + r.index * row_bytes);
+  }
+  st.pending = static_cast<int>(st.micros.size());
+  for (size_t m = 0; m < st.micros.size(); ++m) {
+    auto done = [self, step] {
+      auto& st = self->state;
+      if (current(st, step) && --st.pending == 0) next_step(self);
+    };
+    self->request(st.micros[m], st.cfg.timeout, std::move(per[m]))
+        .then([done](int32_t) { done(); }, [done](caf::error&) { done(); });
+  }
+}
+
+void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) {
+  auto& st = self->state;
+  const size_t qw = st.cfg.model.q_width() * sizeof(float);
+  const size_t kw = st.cfg.model.kv_width() * sizeof(uint16_t);
+  if (out.q.size() != st.rows * qw || out.k.size() != st.rows * kw || out.v.size() != st.rows * kw)
+    return stream_failed(self, step, caf::make_error(caf::sec::invalid_argument, "Q/K/V shape"));
+  st.o.assign(st.rows * qw, 0);
+  st.pending = static_cast<int>(st.groups.size());
+  for (const Group& g : st.groups) {
+    attn_request req;
+    req.step = step;
+    req.layer = layer;
+    req.seqs = g.seqs;
+    req.q.assign(out.q.begin() + g.row0 * qw, out.q.begin() + (g.row0 + g.rows) * qw);
+    req.k.assign(out.k.begin() + g.row0 * kw, out.k.begin() + (g.row0 + g.rows) * kw);
+    req.v.assign(out.v.begin() + g.row0 * kw, out.v.begin() + (g.row0 + g.rows) * kw);
+    const size_t at = g.row0 * qw, len = g.rows * qw;
+    const int32_t shard = g.shard;
+    self->request(g.hdl, st.cfg.timeout, std::move(req))
+        .then(
+            [self, step, layer, at, len, shard](attn_reply& r) {
+              auto& st = self->state;
+              if (!current(st, step)) return;
+              if (r.o.size() != len)
+                return shard_failed(self, step, shard,
+                                    caf::make_error(caf::sec::invalid_argument, "O shape"));
+              std::copy(r.o.begin(), r.o.end(), st.o.begin() + at);
+              if (--st.pending > 0) return;
+              self->request(st.stream, st.cfg.timeout, layer_o{layer, std::move(st.o)})
+                  .then([self, step](s_output& next) { on_output(self, step, next); },
+                        [self, step](caf::error& e) { stream_failed(self, step, e); });
+            },
+            [self, step, shard](caf::error& e) { shard_failed(self, step, shard, e); });
+  }
+}
+
+void on_output(self_ptr self, uint64_t step, s_output& out) {
+  auto& st = self->state;
+  if (!current(st, step)) return;
+  if (out.next_layer >= st.cfg.model.n_layers) {
+    if (out.logits.size() != st.order.size() * st.cfg.model.vocab * sizeof(float))
+      return stream_failed(self, step, caf::make_error(caf::sec::invalid_argument, "logits"));
+    return scatter_logits(self, step, out.logits);
+  }
+  dispatch_layer(self, step, out.next_layer, out);
+}
+
+// Lays the rows of all micro-batches out shard by shard: each shard receives one contiguous slice
+// per layer, however many micro-batches its sequences belong to.
+step_tokens plan_step(MiniState& st) {
+  st.order.clear();
+  for (size_t m = 0; m < st.rows_of.size(); ++m)
+    for (size_t i = 0; i < st.rows_of[m].seqs.size(); ++i)
+      st.order.push_back(RowRef{m, i, &st.rows_of[m].seqs[i]});
+  std::stable_sort(st.order.begin(), st.order.end(), [](const RowRef& a, const RowRef& b) {
+    return a.step->place.shard < b.step->place.shard;
+  });
+  step_tokens in;
+  st.groups.clear();
+  for (const RowRef& r : st.order) {
+    const seq_step& s = *r.step;
+    if (st.groups.empty() || st.groups.back().shard != s.place.shard)
+      st.groups.push_back(Group{s.place.shard, s.place.hdl, in.tokens.size(), 0, {}});
+    const int32_t n = static_cast<int32_t>(s.tokens.size());
+    st.groups.back().seqs.push_back(seq_rows{s.place.seq, s.pos0, n});
+    st.groups.back().rows += static_cast<size_t>(n);
+    for (int32_t i = 0; i < n; ++i) {
+      in.tokens.push_back(s.tokens[i]);
+      in.pos.push_back(s.pos0 + i);
+    }
+    in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size()) - 1);
+  }
+  st.rows = in.tokens.size();
+  return in;
+}
+
+void start_layers(self_ptr self, uint64_t step) {
+  auto& st = self->state;
+  // A micro-batch without rows has no sequence left: it is done.
+  std::vector<micro_batch_actor> micros;
+  std::vector<mb_rows> rows_of;
+  for (size_t m = 0; m < st.micros.size(); ++m) {
+    if (st.rows_of[m].seqs.empty()) {
+      caf::anon_send_exit(st.micros[m], caf::exit_reason::normal);
+      continue;
+    }
+    micros.push_back(std::move(st.micros[m]));
+    rows_of.push_back(std::move(st.rows_of[m]));
+  }
+  st.micros = std::move(micros);
+  st.rows_of = std::move(rows_of);
+  step_tokens in = plan_step(st);
+  if (in.tokens.empty()) {
+    st.running = false;
+    return;
+  }
+  self->request(st.stream, st.cfg.timeout, std::move(in))
+      .then([self, step](s_output& out) { on_output(self, step, out); },
+            [self, step](caf::error& e) { stream_failed(self, step, e); });
+}
+
+// A step starts by asking every micro-batch for its rows.
+void run_step(self_ptr self) {
+  auto& st = self->state;
+  if (st.running) return;
+  for (auto& m : st.joining) st.micros.push_back(std::move(m));
+  st.joining.clear();
+  if (st.micros.empty()) return;
+  st.running = true;
+  const uint64_t step = st.step;
+  st.rows_of.assign(st.micros.size(), mb_rows{});
+  st.pending = static_cast<int>(st.micros.size());
+  for (size_t m = 0; m < st.micros.size(); ++m)
+    self->request(st.micros[m], caf::infinite, rows_atom::value)
+        .then(
+            [self, step, m](mb_rows& rows) {
+              auto& st = self->state;
+              if (!current(st, step)) return;
+              st.rows_of[m] = std::move(rows);
+              if (--st.pending == 0) start_layers(self, step);
+            },
+            [self, step, m](caf::error&) {
+              auto& st = self->state;
+              if (!current(st, step)) return;
+              st.rows_of[m] = mb_rows{};
+              if (--st.pending == 0) start_layers(self, step);
+            });
+}
+
+mini_batch_actor::behavior_type mini_behavior(self_ptr self, MiniBatchConfig cfg,
+                                              scheduler_actor scheduler, stream_actor stream) {
+  auto& st = self->state;
+  st.cfg = cfg;
+  st.scheduler = std::move(scheduler);
+  st.stream = std::move(stream);
+  return {
+      [self](add_atom, micro_batch_actor m) {
+        self->state.joining.push_back(std::move(m));
+        if (!self->state.running) self->send(self, step_atom::value);
+      },
+      [self](lost_atom, int32_t shard) {
+        auto& st = self->state;
+        tell_lost(self, shard);
+        // A step waiting on the shard would only time out: retry it now, elsewhere.
+        const bool waiting = st.running && st.pending > 0 &&
+                             std::any_of(st.groups.begin(), st.groups.end(),
+                                         [&](const Group& g) { return g.shard == shard; });
+        if (waiting) next_step(self);
+      },
+      [self](step_atom) { run_step(self); },
+  };
+}
+
+}  // namespace
+
+mini_batch_actor spawn_mini_batch(caf::actor_system& sys, const MiniBatchConfig& cfg,
+                                  scheduler_actor scheduler, stream_actor stream) {
+  return sys.spawn(mini_behavior, cfg, std::move(scheduler), std::move(stream));
+}
+
+}  // namespace fd
