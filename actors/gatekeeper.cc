@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "caf/all.hpp"
+#include "runtime/error.h"
 
 namespace fd {
 namespace {
@@ -66,6 +67,12 @@ gatekeeper_actor::behavior_type gate_behavior(self_ptr self, GatekeeperConfig cf
           return refuse(self, "client", why);
         return st.scheduler;
       },
+      [self](vocab_atom, const client_hello& req) -> caf::result<vocab_msg> {
+        const auto& st = self->state;
+        if (auto why = refusal(st, req.token, req.version); !why.empty())
+          return refuse(self, "client", why);
+        return to_vocab_msg(st.cfg.vocab);
+      },
   };
 }
 
@@ -77,6 +84,38 @@ bool same_secret(const std::string& a, const std::string& b) {
     diff |= static_cast<unsigned char>(i < a.size() ? a[i] : 0) ^
             static_cast<unsigned char>(i < b.size() ? b[i] : 0);
   return diff == 0;
+}
+
+vocab_msg to_vocab_msg(const Vocab& v) {
+  vocab_msg m;
+  m.pieces = v.pieces;
+  m.scores = v.scores;
+  m.types.reserve(v.types.size());
+  for (TokenType t : v.types) m.types.push_back(static_cast<int32_t>(t));
+  m.bos = v.bos;
+  m.eos = v.eos;
+  m.unk = v.unk;
+  m.add_bos = v.add_bos;
+  m.add_space_prefix = v.add_space_prefix;
+  return m;
+}
+
+Vocab from_vocab_msg(const vocab_msg& m) {
+  if (m.scores.size() != m.pieces.size() || m.types.size() != m.pieces.size())
+    throw Error("the gpu node sent a malformed vocabulary (" + std::to_string(m.pieces.size()) +
+                " pieces, " + std::to_string(m.scores.size()) + " scores, " +
+                std::to_string(m.types.size()) + " types)");
+  Vocab v;
+  v.pieces = m.pieces;
+  v.scores = m.scores;
+  v.types.reserve(m.types.size());
+  for (int32_t t : m.types) v.types.push_back(static_cast<TokenType>(t));
+  v.bos = m.bos;
+  v.eos = m.eos;
+  v.unk = m.unk;
+  v.add_bos = m.add_bos;
+  v.add_space_prefix = m.add_space_prefix;
+  return v;
 }
 
 gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const GatekeeperConfig& cfg,

@@ -13,10 +13,15 @@ struct GatekeeperConfig {
   uint64_t run_id = 0;   // random per gpu-node run
   ModelConfig model;
   int block_tokens = 16;
+  Vocab vocab{};         // sent to clients, which tokenize without the model file
 };
 
 gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const GatekeeperConfig& cfg,
                                   scheduler_actor scheduler);
+
+// The vocabulary as a message, and back.
+vocab_msg to_vocab_msg(const Vocab& v);
+Vocab from_vocab_msg(const vocab_msg& m);
 
 // Equal in time independent of where the strings differ.
 bool same_secret(const std::string& a, const std::string& b);

@@ -33,7 +33,9 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
 using rows_atom = caf::atom_constant<caf::atom("rows")>;
 using add_atom = caf::atom_constant<caf::atom("add")>;
+using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using vocab_atom = caf::atom_constant<caf::atom("vocab")>;
 
 // Bumped whenever a message changes: nodes of different versions refuse each other.
 constexpr int32_t kProtocolVersion = 2;
@@ -55,11 +57,12 @@ struct attn_request {
   bytes v;  // [rows][n_kv_heads*head_dim] f16
 };
 
-// R-worker shard -> micro-batch.
+// R-worker shard -> mini-batch.
 struct attn_reply {
   uint64_t step = 0;
   int32_t layer = 0;
-  bytes o;  // [rows][n_heads*head_dim] f32
+  bytes o;                 // [rows][n_heads*head_dim] f32
+  int64_t compute_us = 0;  // time the shard spent on the request (append + attention)
 };
 
 struct shard_stats {
@@ -102,6 +105,31 @@ struct s_output {
   bytes v;       // [rows][n_kv_heads*head_dim] f16
   bytes logits;  // [logit_rows][vocab] f32
 };
+
+// One event for the tracing console, shaped like a Chrome Trace Event: a span ('X') of dur_us
+// on the track of one actor, or a counter ('C') whose values are in args.
+struct trace_event {
+  std::string track;              // the actor, e.g. "mini_batch-0", "shard cpu-1/shard-0"
+  std::string kind;               // actor kind: scheduler, mini_batch, micro_batch, gpu_stream, shard
+  std::string name;               // e.g. "step", "S", "R", "load"
+  char ph = 'X';
+  int64_t ts_us = 0;              // microseconds on the emitting node's steady clock
+  int64_t dur_us = 0;
+  std::string detail;             // free text, e.g. the shard's node-qualified name
+  std::vector<std::string> arg_names;
+  std::vector<double> arg_values;
+};
+
+// Microseconds on this node's steady clock, the time base of trace events.
+int64_t trace_now_us();
+
+// Scheduler -> trace subscribers: events of one step or one snapshot.
+struct trace_batch {
+  std::vector<trace_event> events;
+};
+
+// A tracing console's actor.
+using trace_sink = caf::typed_actor<caf::reacts_to<trace_batch>>;
 
 // Scheduler -> client: one generated token, sent as soon as it is sampled.
 struct token_event {
@@ -158,6 +186,18 @@ struct client_hello {
   int32_t version = kProtocolVersion;
 };
 
+// Gatekeeper -> client: the model's tokenizer vocabulary, so clients need no model file.
+struct vocab_msg {
+  std::vector<std::string> pieces;  // [n_vocab]
+  std::vector<float> scores;        // [n_vocab]
+  std::vector<int32_t> types;       // [n_vocab] TokenType values
+  int32_t bos = 1;
+  int32_t eos = 2;
+  int32_t unk = 0;
+  bool add_bos = true;
+  bool add_space_prefix = true;
+};
+
 // Micro-batch -> scheduler: new homes for sequences whose shard was lost or is leaving.
 struct replace_request {
   std::vector<uint64_t> seqs;
@@ -180,7 +220,7 @@ typename Inspector::result_type inspect(Inspector& f, attn_request& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, attn_reply& x) {
-  return f(caf::meta::type_name("attn_reply"), x.step, x.layer, x.o);
+  return f(caf::meta::type_name("attn_reply"), x.step, x.layer, x.o, x.compute_us);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
@@ -202,6 +242,15 @@ typename Inspector::result_type inspect(Inspector& f, layer_o& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, s_output& x) {
   return f(caf::meta::type_name("s_output"), x.next_layer, x.q, x.k, x.v, x.logits);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, trace_event& x) {
+  return f(caf::meta::type_name("trace_event"), x.track, x.kind, x.name, x.ph, x.ts_us, x.dur_us,
+           x.detail, x.arg_names, x.arg_values);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, trace_batch& x) {
+  return f(caf::meta::type_name("trace_batch"), x.events);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
@@ -228,6 +277,11 @@ typename Inspector::result_type inspect(Inspector& f, join_reply& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, client_hello& x) {
   return f(caf::meta::type_name("client_hello"), x.token, x.version);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, vocab_msg& x) {
+  return f(caf::meta::type_name("vocab_msg"), x.pieces, x.scores, x.types, x.bos, x.eos, x.unk,
+           x.add_bos, x.add_space_prefix);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replace_request& x) {

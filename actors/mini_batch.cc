@@ -38,10 +38,58 @@ struct MiniState {
   size_t rows = 0;
   int pending = 0;                        // outstanding replies of the current phase
   bytes o;                                // [rows][n_heads*head_dim] f32 gathered from shards
+  // Tracing, only while a console subscribes.
+  bool tracing = false;
+  trace_batch trace;                      // events of the step in flight
+  int64_t step_t0 = 0, phase_t0 = 0;      // µs, trace_now_us()
+  int64_t s_us = 0, r_us = 0, comm_us = 0, max_compute_us = 0;
   static inline const char* name = "mini_batch";
 };
 
 using self_ptr = mini_batch_actor::stateful_pointer<MiniState>;
+
+void span(MiniState& st, std::string track, const char* kind, const char* name, int64_t t0,
+          int64_t t1, std::vector<std::string> names = {}, std::vector<double> values = {}) {
+  trace_event e;
+  e.track = std::move(track);
+  e.kind = kind;
+  e.name = name;
+  e.ts_us = t0;
+  e.dur_us = std::max<int64_t>(0, t1 - t0);
+  e.arg_names = std::move(names);
+  e.arg_values = std::move(values);
+  st.trace.events.push_back(std::move(e));
+}
+
+std::string stream_track(const MiniState& st) { return "gpu_stream-" + std::to_string(st.cfg.index); }
+
+// The S-part answered: a span on the stream's track.
+void trace_s(MiniState& st) {
+  if (!st.tracing) return;
+  const int64_t now = trace_now_us();
+  span(st, stream_track(st), "gpu_stream", "S", st.phase_t0, now, {"rows"}, {double(st.rows)});
+  st.s_us += now - st.phase_t0;
+}
+
+// Every shard answered for a layer: the R phase's wall time splits into compute and communication.
+void trace_r_done(MiniState& st) {
+  if (!st.tracing) return;
+  const int64_t wall = trace_now_us() - st.phase_t0;
+  st.r_us += wall;
+  st.comm_us += std::max<int64_t>(0, wall - st.max_compute_us);
+  st.max_compute_us = 0;
+}
+
+void trace_step_end(self_ptr self) {
+  auto& st = self->state;
+  if (!st.tracing || st.trace.events.empty()) return;
+  span(st, "mini_batch-" + std::to_string(st.cfg.index), "mini_batch", "step", st.step_t0,
+       trace_now_us(), {"rows", "seqs", "micro_batches", "s_ms", "r_ms", "comm_ms"},
+       {double(st.rows), double(st.order.size()), double(st.micros.size()), st.s_us / 1e3,
+        st.r_us / 1e3, st.comm_us / 1e3});
+  self->send(st.scheduler, std::move(st.trace));
+  st.trace = trace_batch{};
+}
 
 void on_output(self_ptr self, uint64_t step, s_output& out);
 
@@ -100,7 +148,9 @@ void scatter_logits(self_ptr self, uint64_t step, const bytes& logits) {
   for (size_t m = 0; m < st.micros.size(); ++m) {
     auto done = [self, step] {
       auto& st = self->state;
-      if (current(st, step) && --st.pending == 0) next_step(self);
+      if (!current(st, step) || --st.pending > 0) return;
+      trace_step_end(self);
+      next_step(self);
     };
     self->request(st.micros[m], st.cfg.timeout, std::move(per[m]))
         .then([done](int32_t) { done(); }, [done](caf::error&) { done(); });
@@ -115,6 +165,7 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
     return stream_failed(self, step, caf::make_error(caf::sec::invalid_argument, "Q/K/V shape"));
   st.o.assign(st.rows * qw, 0);
   st.pending = static_cast<int>(st.groups.size());
+  st.phase_t0 = trace_now_us();
   for (const Group& g : st.groups) {
     attn_request req;
     req.step = step;
@@ -134,7 +185,17 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
                 return shard_failed(self, step, shard,
                                     caf::make_error(caf::sec::invalid_argument, "O shape"));
               std::copy(r.o.begin(), r.o.end(), st.o.begin() + at);
+              if (st.tracing) {
+                // Assume the shard computed in the middle of the round trip.
+                const int64_t now = trace_now_us(), rtt = now - st.phase_t0;
+                const int64_t start = st.phase_t0 + std::max<int64_t>(0, rtt - r.compute_us) / 2;
+                span(st, "shard " + std::to_string(shard), "shard", "R", start,
+                     start + r.compute_us, {"layer", "rtt_ms"}, {double(layer), rtt / 1e3});
+                st.max_compute_us = std::max(st.max_compute_us, r.compute_us);
+              }
               if (--st.pending > 0) return;
+              trace_r_done(st);
+              st.phase_t0 = trace_now_us();
               self->request(st.stream, st.cfg.timeout, layer_o{layer, std::move(st.o)})
                   .then([self, step](s_output& next) { on_output(self, step, next); },
                         [self, step](caf::error& e) { stream_failed(self, step, e); });
@@ -146,6 +207,7 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
 void on_output(self_ptr self, uint64_t step, s_output& out) {
   auto& st = self->state;
   if (!current(st, step)) return;
+  trace_s(st);
   if (out.next_layer >= st.cfg.model.n_layers) {
     if (out.logits.size() != st.order.size() * st.cfg.model.vocab * sizeof(float))
       return stream_failed(self, step, caf::make_error(caf::sec::invalid_argument, "logits"));
@@ -203,6 +265,7 @@ void start_layers(self_ptr self, uint64_t step) {
     st.running = false;
     return;
   }
+  st.phase_t0 = trace_now_us();
   self->request(st.stream, st.cfg.timeout, std::move(in))
       .then([self, step](s_output& out) { on_output(self, step, out); },
             [self, step](caf::error& e) { stream_failed(self, step, e); });
@@ -217,6 +280,11 @@ void run_step(self_ptr self) {
   if (st.micros.empty()) return;
   st.running = true;
   const uint64_t step = st.step;
+  if (st.tracing) {
+    st.trace = trace_batch{};
+    st.step_t0 = trace_now_us();
+    st.s_us = st.r_us = st.comm_us = st.max_compute_us = 0;
+  }
   st.rows_of.assign(st.micros.size(), mb_rows{});
   st.pending = static_cast<int>(st.micros.size());
   for (size_t m = 0; m < st.micros.size(); ++m)
@@ -256,6 +324,7 @@ mini_batch_actor::behavior_type mini_behavior(self_ptr self, MiniBatchConfig cfg
                                          [&](const Group& g) { return g.shard == shard; });
         if (waiting) next_step(self);
       },
+      [self](subscribe_atom, bool on) { self->state.tracing = on; },
       [self](step_atom) { run_step(self); },
   };
 }

@@ -9,6 +9,7 @@ namespace fd {
 
 struct MiniBatchConfig {
   ModelConfig model;
+  int index = 0;  // names its trace tracks: mini_batch-<index>, gpu_stream-<index>
   caf::timespan timeout = std::chrono::seconds(60);  // per S-part or R-part request
 };
 

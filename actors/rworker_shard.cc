@@ -70,9 +70,10 @@ caf::result<attn_reply> attend(ShardState& st, const attn_request& r) {
   } catch (const Error& e) {
     return caf::make_error(caf::sec::runtime_error, st.cfg.name + ": " + e.what());
   }
+  const auto spent = std::chrono::steady_clock::now() - t0;
   st.stats.requests++;
-  st.stats.busy_ms +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  st.stats.busy_ms += std::chrono::duration<double, std::milli>(spent).count();
+  out.compute_us = std::chrono::duration_cast<std::chrono::microseconds>(spent).count();
   return out;
 }
 

@@ -55,6 +55,7 @@ struct SchedState {
   std::vector<Leave> leaves;
   std::vector<Replace> replaces;
   bool said_waiting = false;
+  std::vector<trace_sink> subscribers;  // tracing consoles
   std::ostream no_log{nullptr};
   static inline const char* name = "scheduler";
 };
@@ -235,6 +236,47 @@ void drop_shard(self_ptr self, int32_t id, const std::string& why) {
   for (auto& m : st.minis) self->send(m, lost_atom::value, id);
 }
 
+trace_event counter(std::string track, const char* kind, std::string detail,
+                    std::vector<std::string> names, std::vector<double> values) {
+  trace_event e;
+  e.track = std::move(track);
+  e.kind = kind;
+  e.name = "state";
+  e.ph = 'C';
+  e.ts_us = trace_now_us();
+  e.detail = std::move(detail);
+  e.arg_names = std::move(names);
+  e.arg_values = std::move(values);
+  return e;
+}
+
+// Once a second while a console listens: the scheduler's and every shard's state as counters.
+void snapshot(self_ptr self) {
+  auto& st = self->state;
+  size_t queued = st.queue.size(), running = st.live.size() - queued;
+  trace_batch b;
+  b.events.push_back(counter("scheduler", "scheduler", "continuous",
+                             {"queued", "running", "shards", "W_lim"},
+                             {double(queued), double(running), double(st.shards.size()), 0}));
+  for (auto& sub : st.subscribers) self->send(sub, b);
+  for (auto& [id, e] : st.shards) {
+    const std::string track = "shard " + std::to_string(id), name = e.info.name;
+    self->request(e.info.hdl, std::chrono::seconds(1), stats_atom::value)
+        .then(
+            [self, track, name](shard_stats& s) {
+              trace_batch b;
+              b.events.push_back(counter(
+                  track, "shard", name,
+                  {"sequences", "tokens", "used_pages", "free_pages", "page_bytes", "busy_ms",
+                   "requests"},
+                  {double(s.sequences), double(s.tokens), double(s.used_pages),
+                   double(s.free_pages), double(s.page_bytes), s.busy_ms, double(s.requests)}));
+              for (auto& sub : self->state.subscribers) self->send(sub, b);
+            },
+            [](caf::error&) {});
+  }
+}
+
 shard_ids register_shards(self_ptr self, add_shards& req) {
   auto& st = self->state;
   shard_ids out;
@@ -257,8 +299,10 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
   auto& st = self->state;
   st.cfg = cfg;
   for (auto& stream : streams) {
-    st.minis.push_back(spawn_mini_batch(self->system(), cfg.mini,
-                                        caf::actor_cast<scheduler_actor>(self), std::move(stream)));
+    MiniBatchConfig mc = cfg.mini;
+    mc.index = static_cast<int>(st.minis.size());
+    st.minis.push_back(spawn_mini_batch(self->system(), mc, caf::actor_cast<scheduler_actor>(self),
+                                        std::move(stream)));
     self->link_to(st.minis.back());
   }
   st.mini_seqs.assign(st.minis.size(), 0);
@@ -266,6 +310,14 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
     auto& st = self->state;
     for (auto& [id, e] : st.shards)
       if (e.info.hdl.address() == dm.source) return drop_shard(self, id, "went down");
+    auto sub = std::find_if(st.subscribers.begin(), st.subscribers.end(),
+                            [&](const trace_sink& t) { return t.address() == dm.source; });
+    if (sub != st.subscribers.end()) {
+      st.subscribers.erase(sub);
+      if (st.subscribers.empty())
+        for (auto& m : st.minis) self->send(m, subscribe_atom::value, false);
+      return;
+    }
     // A client went away: its sequences end and free their KV-cache; nobody else notices.
     std::vector<uint64_t> gone;
     for (auto& [seq, l] : st.live)
@@ -313,6 +365,17 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
       },
       [self](add_shards& req) { return register_shards(self, req); },
       [self](lost_atom, int32_t id) { drop_shard(self, id, "stopped answering"); },
+      [self](subscribe_atom, trace_sink sink) {
+        auto& st = self->state;
+        if (!sink) return;
+        self->monitor(sink);
+        st.subscribers.push_back(std::move(sink));
+        if (st.subscribers.size() == 1)
+          for (auto& m : st.minis) self->send(m, subscribe_atom::value, true);
+      },
+      [self](trace_batch& batch) {
+        for (auto& sub : self->state.subscribers) self->send(sub, batch);
+      },
       [self](cancel_atom, uint64_t tag) {
         auto& st = self->state;
         const auto client = caf::actor_cast<caf::actor_addr>(self->current_sender());
@@ -376,6 +439,7 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
             ++it;
           }
         }
+        if (!st.subscribers.empty()) snapshot(self);
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
       },
   };

@@ -87,6 +87,7 @@ using micro_batch_actor = caf::typed_actor<
 using mini_batch_actor = caf::typed_actor<
     caf::reacts_to<add_atom, micro_batch_actor>,  // a micro-batch joins at the next step
     caf::reacts_to<lost_atom, int32_t>,           // a shard is gone: retry a step waiting on it
+    caf::reacts_to<subscribe_atom, bool>,         // emit trace events (to the scheduler) or not
     caf::reacts_to<step_atom>>;                   // run the next step if idle
 
 // Scheduler: admits requests, places sequences on shards, feeds micro-batches.
@@ -98,7 +99,9 @@ using scheduler_actor = caf::typed_actor<
     caf::replies_to<replace_request>::with<std::vector<seq_place>>,  // re-place sequences
     caf::reacts_to<lost_atom, int32_t>,                              // a shard stopped answering
     caf::replies_to<stats_atom>::with<sched_stats>,                  // shards, queue, live
+    caf::reacts_to<trace_batch>,                                     // events from a mini-batch
     caf::reacts_to<cancel_atom, uint64_t>,                           // the sender's request tag
+    caf::reacts_to<subscribe_atom, trace_sink>,                      // stream trace events to it
     caf::reacts_to<tick_atom>>;                                      // expire waiting work
 
 // Gatekeeper: the one actor a node publishes; checks the cluster secret and protocol version.
@@ -106,7 +109,8 @@ using gatekeeper_actor = caf::typed_actor<
     caf::replies_to<join_request>::with<join_reply>,              // CPU node: model shape
     caf::replies_to<add_shards>::with<shard_ids>,      // CPU node: register shards
     caf::replies_to<leave_request>::with<bool>,                   // CPU node: leave cleanly
-    caf::replies_to<client_hello>::with<scheduler_actor>>;        // client: the scheduler
+    caf::replies_to<client_hello>::with<scheduler_actor>,         // client: the scheduler
+    caf::replies_to<vocab_atom, client_hello>::with<vocab_msg>>;  // client: the tokenizer
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_info& x) {
@@ -172,6 +176,9 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::seq_step))
 CAF_ADD_TYPE_ID(fastdecode, (fd::mb_rows))
 CAF_ADD_TYPE_ID(fastdecode, (fd::mb_logits))
 CAF_ADD_TYPE_ID(fastdecode, (fd::token_event))
+CAF_ADD_TYPE_ID(fastdecode, (fd::trace_event))
+CAF_ADD_TYPE_ID(fastdecode, (fd::trace_batch))
+CAF_ADD_TYPE_ID(fastdecode, (fd::trace_sink))
 CAF_ADD_TYPE_ID(fastdecode, (fd::token_sink))
 CAF_ADD_TYPE_ID(fastdecode, (fd::shard_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::stream_actor))
@@ -180,4 +187,5 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::mini_batch_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::scheduler_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::gatekeeper_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::shard_ids))
+CAF_ADD_TYPE_ID(fastdecode, (fd::vocab_msg))
 CAF_END_TYPE_ID_BLOCK(fastdecode)
