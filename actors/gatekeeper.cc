@@ -40,9 +40,13 @@ gatekeeper_actor::behavior_type gate_behavior(self_ptr self, GatekeeperConfig cf
         const auto& st = self->state;
         if (auto why = refusal(st, req.token, req.version); !why.empty())
           return refuse(self, "join of " + req.node, why);
-        const ModelConfig& m = st.cfg.model;
-        return join_reply{st.cfg.run_id, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim,
-                          st.cfg.block_tokens};
+        if (req.group < 0 || static_cast<size_t>(req.group) >= st.cfg.groups.size())
+          return refuse(self, "join of " + req.node,
+                        "no R-group " + std::to_string(req.group) + " (the gpu node has " +
+                            std::to_string(st.cfg.groups.size()) + ")");
+        const r_group& g = st.cfg.groups[req.group];
+        return join_reply{st.cfg.run_id, g.layers, g.heads, g.kv_heads, st.cfg.model.head_dim,
+                          st.cfg.block_tokens, req.group};
       },
       [self](add_shards& req) -> caf::result<shard_ids> {
         const auto& st = self->state;
@@ -50,9 +54,12 @@ gatekeeper_actor::behavior_type gate_behavior(self_ptr self, GatekeeperConfig cf
           return refuse(self, "shards", why);
         if (req.run_id != st.cfg.run_id)
           return refuse(self, "shards", "the shards joined an earlier run of this gpu node");
-        for (const auto& s : req.shards)
+        for (const auto& s : req.shards) {
           if (s.page_tokens != st.cfg.block_tokens)
             return refuse(self, "shards", "page size differs from the gpu node's");
+          if (s.group < 0 || static_cast<size_t>(s.group) >= st.cfg.groups.size())
+            return refuse(self, "shards", "unknown R-group");
+        }
         return self->delegate(st.scheduler, std::move(req));
       },
       [self](leave_request& req) -> caf::result<bool> {

@@ -12,6 +12,7 @@ struct GatekeeperConfig {
   std::string token;     // cluster secret; empty only on loopback
   uint64_t run_id = 0;   // random per gpu-node run
   ModelConfig model;
+  std::vector<r_group> groups;  // what a shard of each R-group holds
   int block_tokens = 16;
   Vocab vocab{};         // sent to clients, which tokenize without the model file
 };

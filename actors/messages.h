@@ -168,9 +168,10 @@ struct join_request {
   std::string token;  // cluster secret
   int32_t version = kProtocolVersion;
   std::string node;   // the joining node's name, for logs
+  int32_t group = 0;  // the R-group its shards serve (model parallelism)
 };
 
-// Gatekeeper -> CPU node: what its shards must hold.
+// Gatekeeper -> CPU node: what its shards must hold (the layers and heads of its R-group).
 struct join_reply {
   uint64_t run_id = 0;  // this gpu node's run; shards registered under another run are refused
   int32_t n_layers = 0;
@@ -178,6 +179,18 @@ struct join_reply {
   int32_t n_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t block_tokens = 0;
+  int32_t group = 0;
+};
+
+// The layers and heads one R-group of shards holds: all of them without model parallelism, a
+// head slice per tensor-parallel rank, a layer range per pipeline stage.
+struct r_group {
+  int32_t layer0 = 0;
+  int32_t layers = 0;
+  int32_t head0 = 0;
+  int32_t heads = 0;
+  int32_t kv_head0 = 0;
+  int32_t kv_heads = 0;
 };
 
 // Client -> gatekeeper: access to the scheduler.
@@ -206,7 +219,6 @@ struct replace_request {
 // Micro-batch -> scheduler: a sequence left the batch (finished or failed).
 struct seq_done {
   uint64_t seq = 0;
-  int32_t shard = 0;
   gen_result result;
 };
 
@@ -267,12 +279,17 @@ typename Inspector::result_type inspect(Inspector& f, gen_result& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_request& x) {
-  return f(caf::meta::type_name("join_request"), x.token, x.version, x.node);
+  return f(caf::meta::type_name("join_request"), x.token, x.version, x.node, x.group);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_reply& x) {
   return f(caf::meta::type_name("join_reply"), x.run_id, x.n_layers, x.n_heads, x.n_kv_heads,
-           x.head_dim, x.block_tokens);
+           x.head_dim, x.block_tokens, x.group);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, r_group& x) {
+  return f(caf::meta::type_name("r_group"), x.layer0, x.layers, x.head0, x.heads, x.kv_head0,
+           x.kv_heads);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, client_hello& x) {
@@ -289,7 +306,7 @@ typename Inspector::result_type inspect(Inspector& f, replace_request& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, seq_done& x) {
-  return f(caf::meta::type_name("seq_done"), x.seq, x.shard, x.result);
+  return f(caf::meta::type_name("seq_done"), x.seq, x.result);
 }
 
 }  // namespace fd

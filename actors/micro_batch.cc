@@ -35,7 +35,7 @@ using self_ptr = micro_batch_actor::stateful_pointer<MicroState>;
 
 void finish_seq(self_ptr self, Seq& s, std::string error) {
   auto& st = self->state;
-  self->send(s.place.hdl, drop_atom::value, s.place.seq);
+  for (auto& hdl : s.place.hdls) self->send(hdl, drop_atom::value, s.place.seq);
   gen_result res;
   res.n_prompt = static_cast<int32_t>(s.req.prompt.size());
   res.tokens.assign(s.tokens.begin() + res.n_prompt, s.tokens.end());
@@ -44,7 +44,7 @@ void finish_seq(self_ptr self, Seq& s, std::string error) {
   res.ttft_ms = s.ttft_ms;
   res.error = std::move(error);
   res.logits = std::move(s.logits);
-  self->send(st.scheduler, seq_done{s.place.seq, s.place.shard, std::move(res)});
+  self->send(st.scheduler, seq_done{s.place.seq, std::move(res)});
 }
 
 // Removes the sequences pred picks, answering each with error.
@@ -160,7 +160,7 @@ micro_batch_actor::behavior_type micro_behavior(self_ptr self, MicroBatchConfig 
       },
       [self](lost_atom, int32_t shard) {
         for (auto& s : self->state.seqs)
-          if (s.place.shard == shard) s.homeless = true;
+          if (s.place.on(shard)) s.homeless = true;
       },
   };
 }

@@ -12,15 +12,17 @@ struct RowRef {
   size_t micro = 0;  // index into MiniState::micros
   size_t index = 0;  // the sequence's index in that micro-batch's mb_rows
   seq_step* step = nullptr;
+  size_t row0 = 0;   // its first row in the step's payload
 };
 
-// The rows of one shard inside a step's payload.
-struct Group {
+// What one shard of one R-group receives per layer: its sequences' rows, its group's heads.
+struct Bucket {
+  int32_t group = 0;
   int32_t shard = 0;
   shard_actor hdl;
-  size_t row0 = 0;
-  size_t rows = 0;
   std::vector<seq_rows> seqs;
+  std::vector<size_t> row0;  // [seqs] first row of each in the step's payload
+  size_t rows = 0;
 };
 
 struct MiniState {
@@ -33,8 +35,8 @@ struct MiniState {
   uint64_t step = 0;
   // The step in flight.
   std::vector<mb_rows> rows_of;           // [micros]
-  std::vector<RowRef> order;              // sequences sorted by shard
-  std::vector<Group> groups;
+  std::vector<RowRef> order;              // sequences in row order
+  std::vector<Bucket> buckets;
   size_t rows = 0;
   int pending = 0;                        // outstanding replies of the current phase
   bytes o;                                // [rows][n_heads*head_dim] f32 gathered from shards
@@ -117,7 +119,7 @@ void shard_failed(self_ptr self, uint64_t step, int32_t shard, const caf::error&
   } else {
     const std::string why = "R-part failed: " + self->system().render(err);
     for (const RowRef& r : st.order)
-      if (r.step->place.shard == shard)
+      if (r.step->place.on(shard))
         self->send(st.micros[r.micro], cancel_atom::value, r.step->place.seq, why);
   }
   next_step(self);
@@ -157,34 +159,55 @@ void scatter_logits(self_ptr self, uint64_t step, const bytes& logits) {
   }
 }
 
+// Copies columns [c0, c0 + width) of the rows of each sequence in b, packed.
+template <class T>
+void gather(const bytes& src, size_t row_width, const Bucket& b, size_t c0, size_t width,
+            bytes& dst) {
+  dst.resize(b.rows * width * sizeof(T));
+  const T* in = as<T>(src);
+  T* out = as<T>(dst);
+  for (size_t i = 0; i < b.seqs.size(); ++i)
+    for (int32_t r = 0; r < b.seqs[i].n; ++r, out += width)
+      std::copy_n(in + (b.row0[i] + r) * row_width + c0, width, out);
+}
+
 void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) {
   auto& st = self->state;
-  const size_t qw = st.cfg.model.q_width() * sizeof(float);
-  const size_t kw = st.cfg.model.kv_width() * sizeof(uint16_t);
-  if (out.q.size() != st.rows * qw || out.k.size() != st.rows * kw || out.v.size() != st.rows * kw)
+  const ModelConfig& m = st.cfg.model;
+  const size_t hd = m.head_dim, qw = m.q_width(), kw = m.kv_width();
+  if (out.q.size() != st.rows * qw * sizeof(float) ||
+      out.k.size() != st.rows * kw * sizeof(uint16_t) || out.v.size() != st.rows * kw * sizeof(uint16_t))
     return stream_failed(self, step, caf::make_error(caf::sec::invalid_argument, "Q/K/V shape"));
-  st.o.assign(st.rows * qw, 0);
-  st.pending = static_cast<int>(st.groups.size());
+  st.o.assign(st.rows * qw * sizeof(float), 0);
+  st.pending = 0;
   st.phase_t0 = trace_now_us();
-  for (const Group& g : st.groups) {
+  for (const Bucket& b : st.buckets) {
+    const r_group& g = st.cfg.groups[b.group];
+    if (layer < g.layer0 || layer >= g.layer0 + g.layers) continue;
+    ++st.pending;
     attn_request req;
     req.step = step;
-    req.layer = layer;
-    req.seqs = g.seqs;
-    req.q.assign(out.q.begin() + g.row0 * qw, out.q.begin() + (g.row0 + g.rows) * qw);
-    req.k.assign(out.k.begin() + g.row0 * kw, out.k.begin() + (g.row0 + g.rows) * kw);
-    req.v.assign(out.v.begin() + g.row0 * kw, out.v.begin() + (g.row0 + g.rows) * kw);
-    const size_t at = g.row0 * qw, len = g.rows * qw;
-    const int32_t shard = g.shard;
-    self->request(g.hdl, st.cfg.timeout, std::move(req))
+    req.layer = layer - g.layer0;
+    req.seqs = b.seqs;
+    gather<float>(out.q, qw, b, g.head0 * hd, g.heads * hd, req.q);
+    gather<uint16_t>(out.k, kw, b, g.kv_head0 * hd, g.kv_heads * hd, req.k);
+    gather<uint16_t>(out.v, kw, b, g.kv_head0 * hd, g.kv_heads * hd, req.v);
+    const size_t c0 = g.head0 * hd, width = g.heads * hd;
+    const int32_t shard = b.shard;
+    const Bucket* bp = &b;
+    self->request(b.hdl, st.cfg.timeout, std::move(req))
         .then(
-            [self, step, layer, at, len, shard](attn_reply& r) {
+            [self, step, layer, shard, bp, c0, width, qw](attn_reply& r) {
               auto& st = self->state;
               if (!current(st, step)) return;
-              if (r.o.size() != len)
+              if (r.o.size() != bp->rows * width * sizeof(float))
                 return shard_failed(self, step, shard,
                                     caf::make_error(caf::sec::invalid_argument, "O shape"));
-              std::copy(r.o.begin(), r.o.end(), st.o.begin() + at);
+              const float* in = as<float>(r.o);
+              float* o = as<float>(st.o);
+              for (size_t i = 0; i < bp->seqs.size(); ++i)
+                for (int32_t row = 0; row < bp->seqs[i].n; ++row, in += width)
+                  std::copy_n(in, width, o + (bp->row0[i] + row) * qw + c0);
               if (st.tracing) {
                 // Assume the shard computed in the middle of the round trip.
                 const int64_t now = trace_now_us(), rtt = now - st.phase_t0;
@@ -216,31 +239,35 @@ void on_output(self_ptr self, uint64_t step, s_output& out) {
   dispatch_layer(self, step, out.next_layer, out);
 }
 
-// Lays the rows of all micro-batches out shard by shard: each shard receives one contiguous slice
-// per layer, however many micro-batches its sequences belong to.
+// Lays out the rows of all micro-batches and, per R-group, which shard gets which sequences:
+// one attention message per shard and layer, however many micro-batches its sequences belong to.
 step_tokens plan_step(MiniState& st) {
   st.order.clear();
-  for (size_t m = 0; m < st.rows_of.size(); ++m)
-    for (size_t i = 0; i < st.rows_of[m].seqs.size(); ++i)
-      st.order.push_back(RowRef{m, i, &st.rows_of[m].seqs[i]});
-  std::stable_sort(st.order.begin(), st.order.end(), [](const RowRef& a, const RowRef& b) {
-    return a.step->place.shard < b.step->place.shard;
-  });
+  st.buckets.clear();
   step_tokens in;
-  st.groups.clear();
-  for (const RowRef& r : st.order) {
-    const seq_step& s = *r.step;
-    if (st.groups.empty() || st.groups.back().shard != s.place.shard)
-      st.groups.push_back(Group{s.place.shard, s.place.hdl, in.tokens.size(), 0, {}});
-    const int32_t n = static_cast<int32_t>(s.tokens.size());
-    st.groups.back().seqs.push_back(seq_rows{s.place.seq, s.pos0, n});
-    st.groups.back().rows += static_cast<size_t>(n);
-    for (int32_t i = 0; i < n; ++i) {
-      in.tokens.push_back(s.tokens[i]);
-      in.pos.push_back(s.pos0 + i);
+  for (size_t m = 0; m < st.rows_of.size(); ++m)
+    for (size_t i = 0; i < st.rows_of[m].seqs.size(); ++i) {
+      seq_step& s = st.rows_of[m].seqs[i];
+      const size_t row0 = in.tokens.size();
+      st.order.push_back(RowRef{m, i, &s, row0});
+      const int32_t n = static_cast<int32_t>(s.tokens.size());
+      for (int32_t t = 0; t < n; ++t) {
+        in.tokens.push_back(s.tokens[t]);
+        in.pos.push_back(s.pos0 + t);
+      }
+      in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size()) - 1);
+      for (size_t g = 0; g < st.cfg.groups.size() && g < s.place.shards.size(); ++g) {
+        auto b = std::find_if(st.buckets.begin(), st.buckets.end(), [&](const Bucket& x) {
+          return x.group == static_cast<int32_t>(g) && x.shard == s.place.shards[g];
+        });
+        if (b == st.buckets.end())
+          b = st.buckets.insert(st.buckets.end(), Bucket{static_cast<int32_t>(g), s.place.shards[g],
+                                                         s.place.hdls[g], {}, {}, 0});
+        b->seqs.push_back(seq_rows{s.place.seq, s.pos0, n});
+        b->row0.push_back(row0);
+        b->rows += static_cast<size_t>(n);
+      }
     }
-    in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size()) - 1);
-  }
   st.rows = in.tokens.size();
   return in;
 }
@@ -320,8 +347,8 @@ mini_batch_actor::behavior_type mini_behavior(self_ptr self, MiniBatchConfig cfg
         tell_lost(self, shard);
         // A step waiting on the shard would only time out: retry it now, elsewhere.
         const bool waiting = st.running && st.pending > 0 &&
-                             std::any_of(st.groups.begin(), st.groups.end(),
-                                         [&](const Group& g) { return g.shard == shard; });
+                             std::any_of(st.buckets.begin(), st.buckets.end(),
+                                         [&](const Bucket& b) { return b.shard == shard; });
         if (waiting) next_step(self);
       },
       [self](subscribe_atom, bool on) { self->state.tracing = on; },

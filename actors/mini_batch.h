@@ -10,6 +10,7 @@ namespace fd {
 struct MiniBatchConfig {
   ModelConfig model;
   int index = 0;  // names its trace tracks: mini_batch-<index>, gpu_stream-<index>
+  std::vector<r_group> groups;  // R-groups; seq_place::shards[g] is the sequence's shard in group g
   caf::timespan timeout = std::chrono::seconds(60);  // per S-part or R-part request
 };
 

@@ -22,7 +22,7 @@ struct ShardEntry {
 struct Live {
   caf::typed_response_promise<gen_result> promise;
   gen_request req;          // kept until the sequence enters a micro-batch
-  int32_t shard = -1;       // -1 while queued
+  std::vector<int32_t> shards;  // [groups] where its KV-cache lives; empty while queued
   uint64_t tokens = 0;      // the most tokens the sequence can hold
   clock::time_point since;  // when it started waiting
   caf::actor_addr client;   // who asked; its death cancels the sequence
@@ -69,12 +69,12 @@ uint64_t pages_for(uint64_t tokens, int32_t page_tokens) {
   return (tokens + page_tokens - 1) / page_tokens;
 }
 
-// The serving shard with the most free KV tokens that can hold `tokens`, or -1.
-int32_t place(SchedState& st, uint64_t tokens) {
+// The serving shard of R-group g with the most free KV tokens that can hold `tokens`, or -1.
+int32_t best_shard(const SchedState& st, int32_t g, uint64_t tokens) {
   int32_t best = -1;
   uint64_t best_free = 0;
   for (auto& [id, e] : st.shards) {
-    if (e.leaving) continue;
+    if (e.leaving || e.info.group != g) continue;
     const uint64_t need = pages_for(tokens, e.info.page_tokens);
     if (e.used_pages + need > e.info.pages) continue;
     const uint64_t free_tokens = (e.info.pages - e.used_pages) * e.info.page_tokens;
@@ -83,27 +83,68 @@ int32_t place(SchedState& st, uint64_t tokens) {
       best_free = free_tokens;
     }
   }
-  if (best >= 0) st.shards[best].used_pages += pages_for(tokens, st.shards[best].info.page_tokens);
   return best;
 }
 
+bool serving(const SchedState& st, int32_t shard) {
+  auto it = st.shards.find(shard);
+  return it != st.shards.end() && !it->second.leaving;
+}
+
 void release(SchedState& st, Live& l) {
-  auto it = st.shards.find(l.shard);
-  if (it != st.shards.end())
-    it->second.used_pages -= pages_for(l.tokens, it->second.info.page_tokens);
-  l.shard = -1;
+  for (int32_t shard : l.shards) {
+    auto it = st.shards.find(shard);
+    if (it != st.shards.end())
+      it->second.used_pages -= pages_for(l.tokens, it->second.info.page_tokens);
+  }
+  l.shards.clear();
 }
 
-// Whether some shard could ever hold the sequence, were it empty.
+// One shard per R-group, keeping the ones the sequence has where they still serve; all or
+// nothing. On success l.shards is set and the pages are counted.
+bool place(SchedState& st, Live& l) {
+  std::vector<int32_t> chosen(st.cfg.groups);
+  for (int32_t g = 0; g < st.cfg.groups; ++g) {
+    const bool keep = static_cast<size_t>(g) < l.shards.size() && serving(st, l.shards[g]);
+    chosen[g] = keep ? l.shards[g] : best_shard(st, g, l.tokens);
+    if (chosen[g] < 0) return false;
+  }
+  release(st, l);
+  for (int32_t shard : chosen) {
+    auto& e = st.shards[shard];
+    e.used_pages += pages_for(l.tokens, e.info.page_tokens);
+  }
+  l.shards = std::move(chosen);
+  return true;
+}
+
+seq_place place_of(const SchedState& st, uint64_t seq, const Live& l) {
+  seq_place p;
+  p.seq = seq;
+  p.shards = l.shards;
+  for (int32_t shard : l.shards) p.hdls.push_back(st.shards.at(shard).info.hdl);
+  return p;
+}
+
+// Whether every R-group has a serving shard that could hold the sequence, were it empty.
 bool could_fit(const SchedState& st, uint64_t tokens) {
-  for (auto& [id, e] : st.shards)
-    if (!e.leaving && pages_for(tokens, e.info.page_tokens) <= e.info.pages) return true;
-  return false;
+  for (int32_t g = 0; g < st.cfg.groups; ++g) {
+    bool any = false;
+    for (auto& [id, e] : st.shards)
+      any |= !e.leaving && e.info.group == g && pages_for(tokens, e.info.page_tokens) <= e.info.pages;
+    if (!any) return false;
+  }
+  return true;
 }
 
+// Whether every R-group has a serving shard.
 bool has_serving_shard(const SchedState& st) {
-  return std::any_of(st.shards.begin(), st.shards.end(),
-                     [](const auto& kv) { return !kv.second.leaving; });
+  for (int32_t g = 0; g < st.cfg.groups; ++g)
+    if (std::none_of(st.shards.begin(), st.shards.end(), [&](const auto& kv) {
+          return !kv.second.leaving && kv.second.info.group == g;
+        }))
+      return false;
+  return true;
 }
 
 void fail(self_ptr self, uint64_t seq, const std::string& why) {
@@ -136,8 +177,7 @@ void admit_queued(self_ptr self) {
       fail(self, seq, "the sequence needs more KV-cache than any R-worker shard holds");
       continue;
     }
-    const int32_t shard = place(st, l.tokens);
-    if (shard < 0) {
+    if (!place(st, l)) {
       if (!has_serving_shard(st) && !st.said_waiting) {
         log(st) << "scheduler: waiting for R-worker shards to join\n";
         st.said_waiting = true;
@@ -145,10 +185,9 @@ void admit_queued(self_ptr self) {
       break;  // later ones wait too
     }
     st.said_waiting = false;
-    l.shard = shard;
     st.queue.pop_front();
     ++st.in_batch;
-    group.push_back(seq_start{seq_place{seq, shard, st.shards[shard].info.hdl}, l.req});
+    group.push_back(seq_start{place_of(st, seq, l), l.req});
   }
   if (group.empty()) return;
   const size_t mini = static_cast<size_t>(
@@ -184,24 +223,20 @@ void cancel(self_ptr self, uint64_t seq, const std::string& why) {
 void serve_replaces(self_ptr self) {
   auto& st = self->state;
   for (auto it = st.replaces.begin(); it != st.replaces.end();) {
-    std::vector<seq_place> out;
+    // Shards already chosen stay counted while the others wait: they will be used.
     bool ok = true;
     for (uint64_t seq : it->seqs) {
       auto l = st.live.find(seq);
-      if (l == st.live.end()) continue;  // finished meanwhile
-      release(st, l->second);
-      const int32_t shard = place(st, l->second.tokens);
-      if (shard < 0) {
-        ok = false;
-        break;
-      }
-      l->second.shard = shard;
-      out.push_back(seq_place{seq, shard, st.shards[shard].info.hdl});
+      if (l != st.live.end()) ok &= place(st, l->second);
     }
     if (!ok) {
-      for (auto& p : out) release(st, st.live[p.seq]);
       ++it;
       continue;
+    }
+    std::vector<seq_place> out;
+    for (uint64_t seq : it->seqs) {
+      auto l = st.live.find(seq);
+      if (l != st.live.end()) out.push_back(place_of(st, seq, l->second));
     }
     it->promise.deliver(std::move(out));
     it = st.replaces.erase(it);
@@ -212,7 +247,9 @@ void finish_leaves(self_ptr self) {
   auto& st = self->state;
   for (auto it = st.leaves.begin(); it != st.leaves.end();) {
     const bool busy = std::any_of(st.live.begin(), st.live.end(), [&](const auto& kv) {
-      return std::find(it->shards.begin(), it->shards.end(), kv.second.shard) != it->shards.end();
+      return std::any_of(kv.second.shards.begin(), kv.second.shards.end(), [&](int32_t shard) {
+        return std::find(it->shards.begin(), it->shards.end(), shard) != it->shards.end();
+      });
     });
     if (busy) {
       ++it;
@@ -281,7 +318,8 @@ shard_ids register_shards(self_ptr self, add_shards& req) {
   auto& st = self->state;
   shard_ids out;
   for (auto& info : req.shards) {
-    if (!info.hdl || info.page_tokens <= 0) continue;
+    if (!info.hdl || info.page_tokens <= 0 || info.group < 0 || info.group >= st.cfg.groups)
+      continue;
     const int32_t id = st.next_shard++;
     self->monitor(info.hdl);
     log(st) << "scheduler: shard " << info.name << " joined (" << info.pages << " pages of "

@@ -16,6 +16,7 @@ struct SchedulerConfig {
   int max_batch = 256;                                   // sequences stepping together
   caf::timespan shard_wait = std::chrono::seconds(30);   // how long work waits for a shard
   bool log = true;                                       // shard joins and losses on stderr
+  int32_t groups = 1;                                    // R-groups (model parallelism)
 };
 
 // One mini-batch per stream: two streams give the two-stage pipeline.

@@ -16,8 +16,13 @@ void configure_caf(caf::actor_system_config& cfg, int scheduler_threads) {
   cfg.set("logger.verbosity", caf::atom("quiet"));
 }
 
+r_group whole_model_group(const ModelConfig& m) {
+  return r_group{0, m.n_layers, 0, m.n_heads, 0, m.n_kv_heads};
+}
+
 std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
-                                     const KvStoreConfig& kv, const kernels::AttnDims& dims) {
+                                     const KvStoreConfig& kv, const kernels::AttnDims& dims,
+                                     int32_t group) {
   std::vector<shard_info> out;
   caf::scoped_actor self{sys};
   for (int i = 0; i < n; ++i) {
@@ -26,6 +31,7 @@ std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& 
     info.hdl = spawn_shard(sys, sc);
     info.name = sc.name;
     info.page_tokens = kv.block_tokens;
+    info.group = group;
     self->request(info.hdl, std::chrono::seconds(30), stats_atom::value)
         .receive([&](shard_stats& s) { info.pages = s.free_pages + s.used_pages; },
                  [&](caf::error& e) { throw Error("shard " + sc.name + ": " + sys.render(e)); });
@@ -38,6 +44,7 @@ GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> mode
                        const LocalOptions& opt) {
   GpuNode node;
   node.model = model;
+  node.groups = opt.groups.empty() ? std::vector<r_group>{whole_model_group(model->cfg)} : opt.groups;
   node.backend = make_cpu_backend(*model);
   for (int i = 0; i < std::max(1, opt.pipeline); ++i)
     node.streams.push_back(spawn_gpu_stream(sys, node.backend));
@@ -45,6 +52,8 @@ GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> mode
   sc.batch.model = model->cfg;
   sc.batch.eos = model->vocab.eos;
   sc.mini.model = model->cfg;
+  sc.mini.groups = node.groups;
+  sc.groups = static_cast<int32_t>(node.groups.size());
   sc.mini.timeout = opt.timeout;
   sc.max_batch = opt.max_batch;
   sc.shard_wait = opt.shard_wait;
@@ -69,12 +78,18 @@ LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> 
   LocalNode node;
   node.gpu = start_gpu_node(sys, model, opt);
   node.scheduler = node.gpu.scheduler;
-  const ModelConfig& mc = model->cfg;
+  const int hd = model->cfg.head_dim;
   add_shards reg;
-  reg.shards = spawn_shards(sys, "shard-", opt.shards,
-                            KvStoreConfig{mc.n_layers, mc.n_kv_heads, mc.head_dim,
-                                          opt.block_tokens, opt.kv_memory},
-                            kernels::AttnDims{mc.n_heads, mc.n_kv_heads, mc.head_dim});
+  for (size_t g = 0; g < node.gpu.groups.size(); ++g) {
+    const r_group& rg = node.gpu.groups[g];
+    const std::string prefix = node.gpu.groups.size() > 1 ? "g" + std::to_string(g) + "/shard-" : "shard-";
+    for (auto& s : spawn_shards(sys, prefix, opt.shards,
+                                KvStoreConfig{rg.layers, rg.kv_heads, hd, opt.block_tokens,
+                                              opt.kv_memory},
+                                kernels::AttnDims{rg.heads, rg.kv_heads, hd},
+                                static_cast<int32_t>(g)))
+      reg.shards.push_back(std::move(s));
+  }
   for (auto& s : reg.shards) node.shards.push_back(s.hdl);
   caf::scoped_actor self{sys};
   self->request(node.scheduler, std::chrono::seconds(30), std::move(reg))

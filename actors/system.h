@@ -28,11 +28,16 @@ struct LocalOptions {
   caf::timespan shard_wait = std::chrono::seconds(30);  // work waits this long for a shard
   bool log = true;                                      // scheduler lines on stderr
   int pipeline = 2;                                     // mini-batches in flight (1 or 2)
+  std::vector<r_group> groups;                          // R-groups; empty: one with everything
 };
+
+// The R-group holding every layer and head of the model.
+r_group whole_model_group(const ModelConfig& m);
 
 // The scheduler and its GPU stream, with no shard yet (`--role gpu`).
 struct GpuNode {
   std::shared_ptr<const Model> model;
+  std::vector<r_group> groups;
   std::shared_ptr<const SPartBackend> backend;
   std::vector<stream_actor> streams;  // one per mini-batch
   scheduler_actor scheduler;
@@ -52,9 +57,10 @@ LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> 
                            const LocalOptions& opt);
 void stop_local_node(LocalNode& node);
 
-// Spawns n shards for the given attention shape and describes them for registration.
+// Spawns n shards for R-group `group` and describes them for registration.
 std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
-                                     const KvStoreConfig& kv, const kernels::AttnDims& dims);
+                                     const KvStoreConfig& kv, const kernels::AttnDims& dims,
+                                     int32_t group = 0);
 
 // Sends every request at once and waits for all answers; a failed or timed-out request gets its
 // error in gen_result::error, the others are unaffected.

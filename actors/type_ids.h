@@ -25,6 +25,7 @@ struct shard_info {
   std::string name;
   uint64_t pages = 0;        // KV-cache capacity
   int32_t page_tokens = 0;   // tokens per page
+  int32_t group = 0;         // its R-group: which layers and heads it holds (model parallelism)
 };
 
 // CPU node -> gatekeeper: second step of joining; the shards are up and serve this run.
@@ -45,11 +46,16 @@ struct shard_ids {
   std::vector<int32_t> ids;
 };
 
-// Scheduler -> micro-batch: where a sequence's KV-cache lives.
+// Scheduler -> micro-batch: where a sequence's KV-cache lives, one shard per R-group.
 struct seq_place {
   uint64_t seq = 0;
-  int32_t shard = 0;  // the scheduler's shard id
-  shard_actor hdl;
+  std::vector<int32_t> shards;    // [groups] the scheduler's shard ids
+  std::vector<shard_actor> hdls;  // [groups]
+  bool on(int32_t shard) const {
+    for (int32_t s : shards)
+      if (s == shard) return true;
+    return false;
+  }
 };
 
 // Scheduler -> micro-batch (at spawn): a sequence of it.
@@ -114,7 +120,7 @@ using gatekeeper_actor = caf::typed_actor<
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_info& x) {
-  return f(caf::meta::type_name("shard_info"), x.hdl, x.name, x.pages, x.page_tokens);
+  return f(caf::meta::type_name("shard_info"), x.hdl, x.name, x.pages, x.page_tokens, x.group);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, add_shards& x) {
@@ -130,7 +136,7 @@ typename Inspector::result_type inspect(Inspector& f, shard_ids& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, seq_place& x) {
-  return f(caf::meta::type_name("seq_place"), x.seq, x.shard, x.hdl);
+  return f(caf::meta::type_name("seq_place"), x.seq, x.shards, x.hdls);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, seq_start& x) {

@@ -46,7 +46,7 @@ TEST_CASE("gatekeeper refuses wrong secrets, versions and runs", "[gatekeeper]")
   fd::configure_caf(cfg, 2);
   caf::actor_system sys{cfg};
   fd::GpuNode node = fd::start_gpu_node(sys, model, fd::LocalOptions{});
-  fd::GatekeeperConfig gc{"s3cret", 77, model->cfg, 16};
+  fd::GatekeeperConfig gc{"s3cret", 77, model->cfg, {fd::whole_model_group(model->cfg)}, 16};
   auto gate = fd::spawn_gatekeeper(sys, gc, node.scheduler);
   caf::scoped_actor self{sys};
   CHECK(refusal_of<fd::join_reply>(sys, self, gate, fd::join_request{"wrong", fd::kProtocolVersion, "n"}).find("wrong cluster secret") !=

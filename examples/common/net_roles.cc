@@ -59,7 +59,8 @@ int run_gpu_role(const NodeArgs& args) {
   configure_network(cfg, kConnectionTimeout);
   caf::actor_system sys{cfg};
   GpuNode node = start_gpu_node(sys, model, args.local);
-  GatekeeperConfig gc{args.token, random_run_id(), model->cfg, args.local.block_tokens};
+  GatekeeperConfig gc{args.token, random_run_id(), model->cfg, node.groups, args.local.block_tokens};
+  gc.vocab = model->vocab;
   auto gate = spawn_gatekeeper(sys, gc, node.scheduler);
   auto port = sys.middleman().publish(gate, hp.port, hp.host.c_str(), true);
   if (!port) throw Error("cannot listen on " + args.listen + ": " + sys.render(port.error()));
@@ -138,7 +139,8 @@ int run_cpu_role(const NodeArgs& args) {
   caf::scoped_actor self{sys};
 
   join_reply shape;
-  self->request(gate, std::chrono::seconds(30), join_request{args.token, kProtocolVersion, name})
+  self->request(gate, std::chrono::seconds(30),
+                join_request{args.token, kProtocolVersion, name, args.group})
       .receive([&](join_reply& r) { shape = r; },
                [&](caf::error& e) {
                  throw Error("the gpu node at " + args.join + " refused this node: " +
@@ -151,7 +153,7 @@ int run_cpu_role(const NodeArgs& args) {
       sys, name + "/shard-", args.local.shards,
       KvStoreConfig{shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_tokens,
                     args.local.kv_memory},
-      kernels::AttnDims{shape.n_heads, shape.n_kv_heads, shape.head_dim});
+      kernels::AttnDims{shape.n_heads, shape.n_kv_heads, shape.head_dim}, shape.group);
   std::vector<shard_actor> shards;
   for (auto& s : reg.shards) shards.push_back(s.hdl);
   self->request(gate, std::chrono::seconds(30), std::move(reg))

@@ -26,6 +26,7 @@ struct NodeArgs {
   int min_shards = 1;                     // --role gpu with prompts: wait for this many
   double min_shards_wait_s = 60;
   std::string node_name;                  // --role cpu: name in logs
+  int group = 0;                          // --role cpu: R-group served (model parallelism)
 };
 
 struct HostPort {
