@@ -104,6 +104,38 @@ struct s_output {
   bytes k;       // [rows][n_kv_heads*head_dim] f16
   bytes v;       // [rows][n_kv_heads*head_dim] f16
   bytes logits;  // [logit_rows][vocab] f32
+  bytes x;       // [rows][dim] f32 residual stream for the next pipeline stage (when no Q/K/V)
+};
+
+// Model parallelism, coordinator -> pipeline stage: start the stage's first layer from the
+// previous stage's residual stream.
+struct pp_enter {
+  step_tokens step;
+  bytes x;  // [rows][dim] f32
+};
+
+// Coordinator -> tensor-parallel rank: Wo slice times this rank's heads of the attention output.
+struct tp_proj {
+  int32_t layer = 0;
+  bytes o;  // [rows][rank heads*head_dim] f32
+};
+
+// Coordinator -> tensor-parallel rank: x += the summed attention projections, then the MLP slice.
+struct tp_mlp {
+  int32_t layer = 0;
+  bytes sum;  // [rows][dim] f32
+};
+
+// Coordinator -> tensor-parallel rank: x += the summed MLP outputs, then the next layer's Q/K/V
+// slice (or the logits, on rank 0, after the last layer).
+struct tp_next {
+  int32_t next_layer = 0;
+  bytes sum;  // [rows][dim] f32
+};
+
+// Tensor-parallel rank -> coordinator: its addend of an all-reduce.
+struct tp_partial {
+  bytes part;  // [rows][dim] f32
 };
 
 // One event for the tracing console, shaped like a Chrome Trace Event: a span ('X') of dur_us
@@ -253,7 +285,7 @@ typename Inspector::result_type inspect(Inspector& f, layer_o& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, s_output& x) {
-  return f(caf::meta::type_name("s_output"), x.next_layer, x.q, x.k, x.v, x.logits);
+  return f(caf::meta::type_name("s_output"), x.next_layer, x.q, x.k, x.v, x.logits, x.x);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, trace_event& x) {
@@ -267,6 +299,26 @@ typename Inspector::result_type inspect(Inspector& f, trace_batch& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
   return f(caf::meta::type_name("token_event"), x.tag, x.token);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pp_enter& x) {
+  return f(caf::meta::type_name("pp_enter"), x.step, x.x);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tp_proj& x) {
+  return f(caf::meta::type_name("tp_proj"), x.layer, x.o);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tp_mlp& x) {
+  return f(caf::meta::type_name("tp_mlp"), x.layer, x.sum);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tp_next& x) {
+  return f(caf::meta::type_name("tp_next"), x.next_layer, x.sum);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tp_partial& x) {
+  return f(caf::meta::type_name("tp_partial"), x.part);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, gen_request& x) {

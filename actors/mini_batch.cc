@@ -279,7 +279,8 @@ void start_layers(self_ptr self, uint64_t step) {
   std::vector<mb_rows> rows_of;
   for (size_t m = 0; m < st.micros.size(); ++m) {
     if (st.rows_of[m].seqs.empty()) {
-      caf::anon_send_exit(st.micros[m], caf::exit_reason::normal);
+      // Not exit_reason::normal: CAF's default exit handler ignores that reason.
+      caf::anon_send_exit(st.micros[m], caf::exit_reason::user_shutdown);
       continue;
     }
     micros.push_back(std::move(st.micros[m]));
@@ -337,6 +338,14 @@ mini_batch_actor::behavior_type mini_behavior(self_ptr self, MiniBatchConfig cfg
   st.cfg = cfg;
   st.scheduler = std::move(scheduler);
   st.stream = std::move(stream);
+  // The micro-batches are not linked to anyone: they end with their mini-batch (which ends with
+  // the scheduler), or they would keep the actor system, and the process, from shutting down.
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    if (!msg.reason) return;
+    for (auto* v : {&self->state.micros, &self->state.joining})
+      for (auto& m : *v) self->send_exit(m, msg.reason);
+    self->quit(msg.reason);
+  });
   return {
       [self](add_atom, micro_batch_actor m) {
         self->state.joining.push_back(std::move(m));

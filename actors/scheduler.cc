@@ -374,11 +374,12 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         }
         const uint64_t id = st.next_seq++;
         Live l;
-        l.promise = self->make_response_promise<gen_result>();
+        // Before the promise: making it moves the sender out of the current message.
         if (auto sender = self->current_sender()) {
           l.client = caf::actor_cast<caf::actor_addr>(sender);
           self->monitor(caf::actor_cast<caf::actor>(sender));
         }
+        l.promise = self->make_response_promise<gen_result>();
         l.tokens = std::min<uint64_t>(req.prompt.size() + req.max_new, st.cfg.batch.model.ctx);
         l.tag = req.tag;
         l.req = std::move(req);

@@ -1,6 +1,10 @@
 #include "actors/system.h"
 
 #include "actors/gpu_stream.h"
+#include "actors/parallel_stream.h"
+#include "runtime/backend_loader.h"
+#include "runtime/parallel.h"
+#include "runtime/sim_backend.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "runtime/error.h"
@@ -40,21 +44,69 @@ std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& 
   return out;
 }
 
+namespace {
+
+std::shared_ptr<const SPartBackend> make_s_backend(const LocalOptions& opt, const Model& model,
+                                                   std::string* note) {
+  if (opt.backend == "sim") {
+    if (opt.sim_profile.empty()) throw Error("--backend sim needs --sim-profile FILE");
+    *note = "S-part: simulated from " + opt.sim_profile;
+    return make_sim_backend(model.cfg, load_sim_profile(opt.sim_profile));
+  }
+  return make_backend(opt.backend, model, note);
+}
+
+// One stream per mini-batch: a plain GPU stream, or a coordinator of model-parallel S-workers.
+void spawn_streams(caf::actor_system& sys, const LocalOptions& opt, GpuNode& node) {
+  const Model& model = *node.model;
+  const int n = std::max(1, opt.pipeline);
+  if (opt.tensor_parallel > 1 && opt.pipeline_parallel > 1)
+    throw Error("--tensor-parallel and --pipeline-parallel cannot be combined yet");
+  if ((opt.tensor_parallel > 1 || opt.pipeline_parallel > 1) && opt.backend != "cpu")
+    throw Error("model parallelism runs on the CPU backend only for now (--backend cpu)");
+  if (opt.tensor_parallel > 1) {
+    node.groups = tensor_parallel_groups(model.cfg, opt.tensor_parallel);
+    std::vector<std::shared_ptr<const TpRankBackend>> ranks;
+    for (int r = 0; r < opt.tensor_parallel; ++r)
+      ranks.push_back(std::make_shared<const TpRankBackend>(
+          model, tp_slice(model.cfg, r, opt.tensor_parallel)));
+    for (int i = 0; i < n; ++i)
+      node.streams.push_back(spawn_tensor_parallel(sys, model.cfg, ranks));
+    node.backend_note = "S-part: CPU, " + std::to_string(opt.tensor_parallel) + "-way tensor parallel";
+    return;
+  }
+  if (opt.pipeline_parallel > 1) {
+    node.groups = pipeline_parallel_groups(model.cfg, opt.pipeline_parallel);
+    std::vector<std::shared_ptr<const SPartBackend>> stages;
+    for (int s = 0; s < opt.pipeline_parallel; ++s) {
+      auto m = std::make_shared<const Model>(pp_model(model, pp_stage(model.cfg, s, opt.pipeline_parallel)));
+      stages.push_back(std::shared_ptr<const SPartBackend>(make_cpu_backend(*m)));
+      node.keep_alive.push_back(m);
+    }
+    for (int i = 0; i < n; ++i)
+      node.streams.push_back(spawn_pipeline_parallel(sys, model.cfg, stages, node.groups));
+    node.backend_note = "S-part: CPU, " + std::to_string(opt.pipeline_parallel) + "-stage pipeline parallel";
+    return;
+  }
+  node.groups = {whole_model_group(model.cfg)};
+  auto backend = make_s_backend(opt, model, &node.backend_note);
+  for (int i = 0; i < n; ++i) node.streams.push_back(spawn_gpu_stream(sys, backend));
+}
+
+}  // namespace
+
 GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
                        const LocalOptions& opt) {
   GpuNode node;
   node.model = model;
-  node.groups = opt.groups.empty() ? std::vector<r_group>{whole_model_group(model->cfg)} : opt.groups;
-  node.backend = make_cpu_backend(*model);
-  for (int i = 0; i < std::max(1, opt.pipeline); ++i)
-    node.streams.push_back(spawn_gpu_stream(sys, node.backend));
+  spawn_streams(sys, opt, node);
   SchedulerConfig sc;
   sc.batch.model = model->cfg;
   sc.batch.eos = model->vocab.eos;
   sc.mini.model = model->cfg;
   sc.mini.groups = node.groups;
-  sc.groups = static_cast<int32_t>(node.groups.size());
   sc.mini.timeout = opt.timeout;
+  sc.groups = static_cast<int32_t>(node.groups.size());
   sc.max_batch = opt.max_batch;
   sc.shard_wait = opt.shard_wait;
   sc.log = opt.log;

@@ -28,7 +28,11 @@ struct LocalOptions {
   caf::timespan shard_wait = std::chrono::seconds(30);  // work waits this long for a shard
   bool log = true;                                      // scheduler lines on stderr
   int pipeline = 2;                                     // mini-batches in flight (1 or 2)
-  std::vector<r_group> groups;                          // R-groups; empty: one with everything
+  std::vector<r_group> groups;  // set from the parallelism below; empty: one with everything
+  int tensor_parallel = 1;      // S-workers, each with a head/MLP slice and its own R-group
+  int pipeline_parallel = 1;    // S-workers, each with consecutive layers and its own R-group
+  std::string backend = "cpu";  // cpu, cuda, auto (CUDA when usable) or sim
+  std::string sim_profile;      // --backend sim: T(B) table, see runtime/sim_backend.h
 };
 
 // The R-group holding every layer and head of the model.
@@ -38,10 +42,12 @@ r_group whole_model_group(const ModelConfig& m);
 struct GpuNode {
   std::shared_ptr<const Model> model;
   std::vector<r_group> groups;
-  std::shared_ptr<const SPartBackend> backend;
+  std::string backend_note;                             // which S-part backend runs, and why
+  std::vector<std::shared_ptr<const void>> keep_alive;  // stage models and rank backends
   std::vector<stream_actor> streams;  // one per mini-batch
   scheduler_actor scheduler;
 };
+// Throws fd::Error for an impossible backend or parallelism.
 GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
                        const LocalOptions& opt);
 void stop_gpu_node(GpuNode& node);

@@ -14,10 +14,24 @@ using shard_actor = caf::typed_actor<
     caf::reacts_to<drop_atom, uint64_t>,              // free a sequence's KV-cache
     caf::replies_to<stats_atom>::with<shard_stats>>;  // occupancy and time spent
 
-// GPU stream: drives the S-part backend for one mini-batch in flight.
+// GPU stream: drives the S-part backend for one mini-batch in flight (or, with model
+// parallelism, coordinates the S-workers that do).
 using stream_actor = caf::typed_actor<
     caf::replies_to<step_tokens>::with<s_output>,  // embed, then layer 0 up to attention
     caf::replies_to<layer_o>::with<s_output>>;     // finish a layer, start the next or give logits
+
+// Pipeline-parallel S-worker: a GPU stream over consecutive layers (numbered from 0).
+using stage_actor = caf::typed_actor<
+    caf::replies_to<step_tokens>::with<s_output>,  // first stage: embed, then its layer 0
+    caf::replies_to<pp_enter>::with<s_output>,     // later stages: take x, then its layer 0
+    caf::replies_to<layer_o>::with<s_output>>;     // finish a layer; next, logits or x onwards
+
+// Tensor-parallel S-worker: one rank's slice of every layer.
+using tp_rank_actor = caf::typed_actor<
+    caf::replies_to<step_tokens>::with<s_output>,  // embed, then layer 0's Q/K/V slice
+    caf::replies_to<tp_proj>::with<tp_partial>,    // attention projection addend
+    caf::replies_to<tp_mlp>::with<tp_partial>,     // residual, then the MLP addend
+    caf::replies_to<tp_next>::with<s_output>>;     // residual, then next Q/K/V slice or logits
 
 // A shard as the scheduler knows it.
 struct shard_info {
@@ -194,4 +208,11 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::scheduler_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::gatekeeper_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::shard_ids))
 CAF_ADD_TYPE_ID(fastdecode, (fd::vocab_msg))
+CAF_ADD_TYPE_ID(fastdecode, (fd::pp_enter))
+CAF_ADD_TYPE_ID(fastdecode, (fd::tp_proj))
+CAF_ADD_TYPE_ID(fastdecode, (fd::tp_mlp))
+CAF_ADD_TYPE_ID(fastdecode, (fd::tp_next))
+CAF_ADD_TYPE_ID(fastdecode, (fd::tp_partial))
+CAF_ADD_TYPE_ID(fastdecode, (fd::stage_actor))
+CAF_ADD_TYPE_ID(fastdecode, (fd::tp_rank_actor))
 CAF_END_TYPE_ID_BLOCK(fastdecode)

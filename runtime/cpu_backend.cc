@@ -34,42 +34,24 @@ class CpuBackend : public SPartBackend {
 
   void embed(SPartState& state, const StepInput& in) const override {
     CpuState& s = cast(state);
-    const int rows = static_cast<int>(in.tokens.size());
-    if (in.pos.size() != in.tokens.size()) {
-      throw Error("A step needs one position per token, got " + std::to_string(in.pos.size()) +
-                  " positions for " + std::to_string(rows) + " tokens.");
-    }
-    for (int r = 0; r < rows; ++r) {
-      if (in.tokens[r] < 0 || in.tokens[r] >= c_.vocab) {
-        throw Error("Token id " + std::to_string(in.tokens[r]) + " is outside the vocabulary of " +
-                    std::to_string(c_.vocab) + " tokens.");
-      }
-      if (in.pos[r] < 0 || (c_.ctx > 0 && in.pos[r] >= c_.ctx)) {
-        throw Error("Token position " + std::to_string(in.pos[r]) +
-                    " is outside the model's context of " + std::to_string(c_.ctx) + " tokens.");
-      }
-    }
-    for (int32_t r : in.logit_rows) {
-      if (r < 0 || r >= rows) {
-        throw Error("Logit row " + std::to_string(r) + " is not a row of this step of " +
-                    std::to_string(rows) + " tokens.");
-      }
-    }
-    s.rows = rows;
-    s.pos = in.pos;
-    s.logit_rows = in.logit_rows;
-    const size_t n = static_cast<size_t>(rows);
+    begin_step(s, in);
     const size_t dim = static_cast<size_t>(c_.dim);
-    s.x.resize(n * dim);
-    s.xb.resize(n * dim);
-    s.k.resize(n * c_.kv_width());
-    s.v.resize(n * c_.kv_width());
-    s.hb.resize(n * c_.ff);
-    s.hb2.resize(n * c_.ff);
-    for (size_t r = 0; r < n; ++r) {
+    for (size_t r = 0; r < static_cast<size_t>(s.rows); ++r) {
       const float* e = m_.tok_embd.data() + static_cast<size_t>(in.tokens[r]) * dim;
       std::copy(e, e + dim, s.x.data() + r * dim);
     }
+  }
+
+  void get_x(const SPartState& state, std::vector<float>& x) const override {
+    const auto* s = dynamic_cast<const CpuState*>(&state);
+    if (s == nullptr) throw Error("The CPU backend was given a state made by another backend.");
+    x.assign(s->x.data(), s->x.data() + static_cast<size_t>(s->rows) * c_.dim);
+  }
+
+  void set_x(SPartState& state, const StepInput& in, const float* x) const override {
+    CpuState& s = cast(state);
+    begin_step(s, in);
+    std::copy(x, x + static_cast<size_t>(s.rows) * c_.dim, s.x.data());
   }
 
   void attn_in(SPartState& state, int layer, AttnIn& out) const override {
@@ -125,6 +107,42 @@ class CpuBackend : public SPartBackend {
     auto* s = dynamic_cast<CpuState*>(&state);
     if (s == nullptr) throw Error("The CPU backend was given a state made by another backend.");
     return *s;
+  }
+
+  // Checks a step's tokens, positions and logit rows and sizes the buffers for its rows.
+  void begin_step(CpuState& s, const StepInput& in) const {
+    const int rows = static_cast<int>(in.tokens.size());
+    if (in.pos.size() != in.tokens.size()) {
+      throw Error("A step needs one position per token, got " + std::to_string(in.pos.size()) +
+                  " positions for " + std::to_string(rows) + " tokens.");
+    }
+    for (int r = 0; r < rows; ++r) {
+      if (in.tokens[r] < 0 || in.tokens[r] >= c_.vocab) {
+        throw Error("Token id " + std::to_string(in.tokens[r]) + " is outside the vocabulary of " +
+                    std::to_string(c_.vocab) + " tokens.");
+      }
+      if (in.pos[r] < 0 || (c_.ctx > 0 && in.pos[r] >= c_.ctx)) {
+        throw Error("Token position " + std::to_string(in.pos[r]) +
+                    " is outside the model's context of " + std::to_string(c_.ctx) + " tokens.");
+      }
+    }
+    for (int32_t r : in.logit_rows) {
+      if (r < 0 || r >= rows) {
+        throw Error("Logit row " + std::to_string(r) + " is not a row of this step of " +
+                    std::to_string(rows) + " tokens.");
+      }
+    }
+    s.rows = rows;
+    s.pos = in.pos;
+    s.logit_rows = in.logit_rows;
+    const size_t n = static_cast<size_t>(rows);
+    const size_t dim = static_cast<size_t>(c_.dim);
+    s.x.resize(n * dim);
+    s.xb.resize(n * dim);
+    s.k.resize(n * c_.kv_width());
+    s.v.resize(n * c_.kv_width());
+    s.hb.resize(n * c_.ff);
+    s.hb2.resize(n * c_.ff);
   }
 
   const LayerWeights& weights(int layer) const {

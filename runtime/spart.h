@@ -4,8 +4,10 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "runtime/error.h"
 #include "runtime/model.h"
 
 namespace fd {
@@ -45,6 +47,18 @@ class SPartBackend {
   virtual void attn_out(SPartState& s, int layer, const float* o) const = 0;
   // Final norm and LM head for the step's logit_rows: [logit_rows][vocab].
   virtual void logits(SPartState& s, std::vector<float>& out) const = 0;
+  // Pipeline parallelism: the residual stream handed from one stage (a backend over consecutive
+  // layers, see runtime/parallel.h) to the next. get_x copies x out: [rows][dim].
+  virtual void get_x(const SPartState& /*s*/, std::vector<float>& /*x*/) const {
+    throw Error(std::string("The ") + name() +
+                " backend cannot hand its residual stream to a pipeline stage.");
+  }
+  // Starts a step like embed (positions and logit_rows from in, checked alike) but takes the
+  // residual stream x [in.tokens.size()][dim] from the previous stage instead of embedding tokens.
+  virtual void set_x(SPartState& /*s*/, const StepInput& /*in*/, const float* /*x*/) const {
+    throw Error(std::string("The ") + name() +
+                " backend cannot take a residual stream from a pipeline stage.");
+  }
 };
 
 // The CPU backend over a host model; the model must outlive it.

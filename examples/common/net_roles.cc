@@ -59,6 +59,7 @@ int run_gpu_role(const NodeArgs& args) {
   configure_network(cfg, kConnectionTimeout);
   caf::actor_system sys{cfg};
   GpuNode node = start_gpu_node(sys, model, args.local);
+  if (!node.backend_note.empty()) std::cerr << "gpu node: " << node.backend_note << "\n";
   GatekeeperConfig gc{args.token, random_run_id(), model->cfg, node.groups, args.local.block_tokens};
   gc.vocab = model->vocab;
   auto gate = spawn_gatekeeper(sys, gc, node.scheduler);
@@ -74,8 +75,20 @@ int run_gpu_role(const NodeArgs& args) {
     wait_for_shards(sys, node.scheduler, args.min_shards, args.min_shards_wait_s);
     rc = generate_and_print(sys, node.scheduler, *model, args);
   }
-  caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
-  stop_gpu_node(node);
+  {
+    caf::scoped_actor self{sys};
+    std::vector<std::pair<caf::actor_addr, std::string>> watch{{gate.address(), "gate"}, {node.scheduler.address(), "sched"}};
+    for (size_t i = 0; i < node.streams.size(); ++i) watch.emplace_back(node.streams[i].address(), "stream" + std::to_string(i));
+    self->monitor(gate); self->monitor(node.scheduler); for (auto& s : node.streams) self->monitor(s);
+    caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
+    stop_gpu_node(node);
+    bool waiting = true;
+    size_t down = 0;
+    while (waiting && down < watch.size())
+      self->receive([&](caf::down_msg& dm) { for (auto& w : watch) if (w.first == dm.source) { std::cerr << "DBG down " << w.second << "\n"; ++down; } },
+                    caf::after(std::chrono::seconds(2)) >> [&] { waiting = false; });
+    std::cerr << "DBG running " << sys.registry().running() << "\n";
+  }
   return rc;
 }
 

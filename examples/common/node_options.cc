@@ -79,6 +79,13 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("shards", po::value(&a.local.shards)->default_value(2), "R-worker shards")
       ("kv-memory", po::value(&kv_memory)->default_value("1GiB"), "KV-cache capacity per shard")
       ("max-batch", po::value(&a.local.max_batch)->default_value(256), "sequences per step")
+      ("backend", po::value(&a.local.backend)->default_value("auto"),
+       "S-part backend: auto (CUDA when a GPU is usable, else CPU), cpu, cuda, sim")
+      ("sim-profile", po::value(&a.local.sim_profile), "--backend sim: T(B) profile file")
+      ("tensor-parallel", po::value(&a.local.tensor_parallel)->default_value(1),
+       "S-workers splitting heads and MLP, each with its own R-group of shards")
+      ("pipeline-parallel", po::value(&a.local.pipeline_parallel)->default_value(1),
+       "S-workers holding consecutive layers, each with its own R-group of shards")
       ("pipeline", po::value(&a.local.pipeline)->default_value(2),
        "mini-batches in flight: 2 overlaps the S-part of one with the R-part of the other")
       ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
@@ -114,6 +121,14 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (a.local.shards < 1) throw Error("--shards must be at least 1");
   if (a.local.max_batch < 1) throw Error("--max-batch must be at least 1");
   if (a.local.pipeline < 1 || a.local.pipeline > 2) throw Error("--pipeline must be 1 or 2");
+  if (a.local.tensor_parallel < 1 || a.local.pipeline_parallel < 1)
+    throw Error("--tensor-parallel and --pipeline-parallel must be at least 1");
+  if (a.local.backend != "auto" && a.local.backend != "cpu" && a.local.backend != "cuda" &&
+      a.local.backend != "sim")
+    throw Error("--backend must be auto, cpu, cuda or sim, not '" + a.local.backend + "'");
+  if (a.local.tensor_parallel > 1 || a.local.pipeline_parallel > 1) {
+    if (a.local.backend == "auto") a.local.backend = "cpu";
+  }
   if (a.threads < 1) throw Error("--threads must be at least 1");
   if (a.gemm_threads < 0) throw Error("--gemm-threads must be >= 0");
   if (a.gemm_threads == 0)

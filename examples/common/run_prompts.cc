@@ -117,6 +117,7 @@ int run_prompts_all(const NodeArgs& args) {
   LocalOptions local = args.local;
   local.log = false;  // one process: shard joins are not news
   LocalNode node = start_local_node(sys, model, local);
+  if (!node.gpu.backend_note.empty()) std::cerr << node.gpu.backend_note << "\n";
   const int rc = generate_and_print(sys, node.scheduler, *model, args);
   stop_local_node(node);
   return rc;

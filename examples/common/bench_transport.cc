@@ -1,0 +1,449 @@
+#include "examples/common/bench_transport.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/system.h"
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "examples/common/json.h"
+#include "runtime/error.h"
+
+namespace po = boost::program_options;
+
+namespace fd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMiB = size_t(1) << 20;
+// attn_request::layer tells the sink what to answer.
+constexpr int32_t kAck = 0;   // an empty reply
+constexpr int32_t kEcho = 1;  // the payload back
+
+struct Options {
+  bool json = false;
+  bool serve = false;  // hidden: this process is the far side
+  std::vector<int> sizes_mb{1, 4, 16, 64};
+  int reps = 0;  // 0: enough for about 512 MiB per size, at least 5
+  int small_kb = 4;
+  int small_reps = 2000;
+};
+
+std::vector<int> parse_sizes(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v < 1 || v > 1024)
+      throw Error("--sizes must be a comma-separated list of sizes in MiB from 1 to 1024, not '" +
+                  text + "'.");
+    out.push_back(v);
+  }
+  if (out.empty()) throw Error("--sizes needs at least one size.");
+  return out;
+}
+
+// Returns false when --help was printed.
+bool parse_options(int argc, char** argv, Options& o) {
+  po::options_description desc("fastdecode-bench transport [options]");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("json", po::bool_switch(&o.json), "one JSON object per line instead of a table")
+      ("sizes", po::value<std::string>()->default_value("1,4,16,64"), "payload sizes in MiB")
+      ("reps", po::value<int>(&o.reps)->default_value(0), "transfers per size and path (0: auto)")
+      ("small-kb", po::value<int>(&o.small_kb)->default_value(4), "small payload in KiB")
+      ("small-reps", po::value<int>(&o.small_reps)->default_value(2000), "small round trips per path");
+  po::options_description hidden;
+  hidden.add_options()("serve", po::bool_switch(&o.serve), "");
+  po::options_description all;
+  all.add(desc).add(hidden);
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, all), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n"
+              << "Starts a second process on loopback and sends each payload size to it, first as an\n"
+                 "attn_request (bytes) through the CAF middleman to a typed actor that answers with an\n"
+                 "empty attn_reply, then as raw bytes over a plain TCP socket answered by one byte.\n"
+                 "MiB/s is the payload over the median time of one transfer including its ack; ratio is\n"
+                 "actor over TCP. echo_ms is the median round trip when the payload comes back. The small\n"
+                 "payload's round trip is what each layer's shard hop costs; overhead is actor minus TCP.\n";
+    return false;
+  }
+  o.sizes_mb = parse_sizes(vm["sizes"].as<std::string>());
+  if (o.reps < 0 || o.small_kb < 1 || o.small_reps < 1)
+    throw Error("--reps must not be negative, --small-kb and --small-reps must be positive.");
+  return true;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// ---- plain TCP ------------------------------------------------------------------------------
+
+struct RawHeader {
+  uint64_t size = 0;
+  uint64_t mode = 0;  // kAck or kEcho
+};
+
+void send_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw Error(std::string("TCP send failed: ") + std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// False when the peer closed the connection before the first byte.
+bool recv_all(int fd, char* p, size_t n) {
+  const size_t want = n;
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0 && n == want) return false;
+    if (r <= 0) throw Error(std::string("TCP receive failed: ") + std::strerror(errno));
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void no_delay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+int listen_loopback(uint16_t& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(std::string("cannot create a socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw Error(std::string("cannot listen on 127.0.0.1: ") + std::strerror(errno));
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+int connect_loopback(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+    throw Error("cannot connect to 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno));
+  no_delay(fd);
+  return fd;
+}
+
+// The far side of the TCP path: reads each payload whole into one reused buffer (as a receiver
+// of tensors would), then answers with one byte or the payload.
+void serve_raw(int listen_fd) {
+  std::vector<char> buf;
+  for (;;) {
+    const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    no_delay(c);
+    try {
+      RawHeader h;
+      while (recv_all(c, reinterpret_cast<char*>(&h), sizeof h)) {
+        if (buf.size() < h.size) buf.resize(h.size);
+        if (!recv_all(c, buf.data(), h.size)) break;
+        if (h.mode == kEcho) {
+          send_all(c, buf.data(), h.size);
+        } else {
+          const char ack = 1;
+          send_all(c, &ack, 1);
+        }
+      }
+    } catch (const Error&) {
+    }
+    ::close(c);
+  }
+}
+
+// ---- actor path -----------------------------------------------------------------------------
+
+// The far side of the actor path: a typed actor with the R-worker shard's interface.
+shard_actor::behavior_type sink_behavior(shard_actor::pointer) {
+  return {
+      [](attn_request& r) {
+        attn_reply out;
+        out.step = r.step;
+        out.layer = r.layer;
+        if (r.layer == kEcho) out.o = std::move(r.q);
+        return out;
+      },
+      [](drop_atom, uint64_t) {},
+      [](stats_atom) { return shard_stats{}; },
+  };
+}
+
+// `--serve`: publishes the sink and a TCP listener on loopback, prints both ports on stdout,
+// and serves until stdin closes (the parent exits or is done).
+int serve_main() {
+  caf::actor_system_config cfg;
+  configure_caf(cfg, 2);
+  configure_network(cfg, std::chrono::seconds(60));
+  caf::actor_system sys{cfg};
+  auto sink = sys.spawn(sink_behavior);
+  auto port = sys.middleman().publish(sink, 0, "127.0.0.1", true);
+  if (!port) throw Error("cannot publish the sink actor: " + sys.render(port.error()));
+  uint16_t raw_port = 0;
+  const int lfd = listen_loopback(raw_port);
+  std::thread raw([lfd] { serve_raw(lfd); });
+  std::printf("%u %u\n", static_cast<unsigned>(*port), static_cast<unsigned>(raw_port));
+  std::fflush(stdout);
+  char c;
+  while (::read(0, &c, 1) > 0) {
+  }
+  ::shutdown(lfd, SHUT_RDWR);  // wakes accept()
+  raw.join();
+  ::close(lfd);
+  caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+  return 0;
+}
+
+struct Server {
+  pid_t pid = -1;
+  int to_child = -1;  // closing it ends the server
+  uint16_t actor_port = 0;
+  uint16_t raw_port = 0;
+};
+
+// fork + exec of this binary with --serve; reads the two ports it prints.
+Server start_server() {
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0)
+    throw Error(std::string("cannot create pipes: ") + std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(std::string("cannot fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the benchmark
+    ::execl("/proc/self/exe", "fastdecode-bench", "transport", "--serve", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  Server s;
+  s.pid = pid;
+  s.to_child = in[1];
+  std::string line;
+  pollfd p{out[0], POLLIN, 0};
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (line.find('\n') == std::string::npos && Clock::now() < deadline) {
+    if (::poll(&p, 1, 1000) <= 0) continue;
+    char buf[64];
+    const ssize_t r = ::read(out[0], buf, sizeof buf);
+    if (r <= 0) break;
+    line.append(buf, static_cast<size_t>(r));
+  }
+  ::close(out[0]);
+  unsigned a = 0, b = 0;
+  if (std::sscanf(line.c_str(), "%u %u", &a, &b) != 2 || a == 0 || b == 0 || a > 65535 || b > 65535) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    throw Error("the transport server process did not start (it printed '" + line + "')");
+  }
+  s.actor_port = static_cast<uint16_t>(a);
+  s.raw_port = static_cast<uint16_t>(b);
+  return s;
+}
+
+void stop_server(Server& s) {
+  if (s.pid < 0) return;
+  ::close(s.to_child);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  int status = 0;
+  while (::waitpid(s.pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      ::kill(s.pid, SIGKILL);
+      ::waitpid(s.pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  s.pid = -1;
+}
+
+// Times transfers over both paths; every timing is one transfer including its answer.
+class Paths {
+ public:
+  Paths(caf::actor_system& sys, const Server& server) : sys_(sys), self_(sys) {
+    auto sink = sys.middleman().remote_actor<shard_actor>("127.0.0.1", server.actor_port);
+    if (!sink) throw Error("cannot reach the sink actor: " + sys.render(sink.error()));
+    // Sent untyped so that one prebuilt message carries the payload every time (as the
+    // micro-batch's request would): the far side still checks it against shard_actor.
+    sink_ = caf::actor_cast<caf::actor>(*sink);
+    raw_ = connect_loopback(server.raw_port);
+  }
+  ~Paths() { ::close(raw_); }
+
+  double actor_once(const caf::message& msg, size_t expect_back) {
+    const auto t0 = Clock::now();
+    size_t back = 0;
+    self_->request(sink_, std::chrono::seconds(120), msg)
+        .receive([&](attn_reply& r) { back = r.o.size(); },
+                 [&](caf::error& e) { throw Error("actor path: " + sys_.render(e)); });
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (back != expect_back) throw Error("actor path: the reply has the wrong size");
+    return s;
+  }
+
+  double tcp_once(const std::vector<char>& payload, int32_t mode, std::vector<char>& back) {
+    const auto t0 = Clock::now();
+    RawHeader h{payload.size(), static_cast<uint64_t>(mode)};
+    send_all(raw_, reinterpret_cast<const char*>(&h), sizeof h);
+    send_all(raw_, payload.data(), payload.size());
+    const size_t n = mode == kEcho ? payload.size() : 1;
+    if (back.size() < n) back.resize(n);
+    if (!recv_all(raw_, back.data(), n)) throw Error("TCP path: the server closed the connection");
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+ private:
+  caf::actor_system& sys_;
+  caf::scoped_actor self_;
+  caf::actor sink_;
+  int raw_ = -1;
+};
+
+caf::message request_of(const std::vector<char>& payload, int32_t mode) {
+  attn_request r;
+  r.layer = mode;
+  r.q = payload;
+  return caf::make_message(std::move(r));
+}
+
+struct Timings {
+  std::vector<double> actor, tcp;
+};
+
+// Alternates the paths rep by rep, so that both see the same machine load.
+Timings measure(Paths& paths, const std::vector<char>& payload, int32_t mode, int reps) {
+  const caf::message msg = request_of(payload, mode);
+  const size_t expect = mode == kEcho ? payload.size() : 0;
+  std::vector<char> back;
+  paths.actor_once(msg, expect);  // warm-up: connections, buffers, page faults
+  paths.tcp_once(payload, mode, back);
+  Timings t;
+  for (int i = 0; i < reps; ++i) {
+    t.actor.push_back(paths.actor_once(msg, expect));
+    t.tcp.push_back(paths.tcp_once(payload, mode, back));
+  }
+  return t;
+}
+
+int run(const Options& o) {
+  Server server = start_server();  // before any thread of this process exists
+  int rc = 0;
+  try {
+    caf::actor_system_config cfg;
+    configure_caf(cfg, 2);
+    configure_network(cfg, std::chrono::seconds(60));
+    caf::actor_system sys{cfg};
+    {
+      Paths paths(sys, server);
+      if (!o.json)
+        std::printf("loopback, one transfer = payload + ack; MiB/s from the median of the reps\n"
+                    "%8s %5s %12s %12s %7s %14s %14s\n",
+                    "MiB", "reps", "actor MiB/s", "TCP MiB/s", "ratio", "actor echo ms",
+                    "TCP echo ms");
+      for (int mb : o.sizes_mb) {
+        const int reps = o.reps > 0 ? o.reps : std::max(5, std::min(100, 512 / mb));
+        std::vector<char> payload(size_t(mb) * kMiB);
+        for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131);
+        const Timings one = measure(paths, payload, kAck, reps);
+        const Timings echo = measure(paths, payload, kEcho, std::max(3, reps / 2));
+        const double actor = mb / median(one.actor), tcp = mb / median(one.tcp);
+        const double actor_echo_ms = median(echo.actor) * 1e3, tcp_echo_ms = median(echo.tcp) * 1e3;
+        if (o.json) {
+          JsonLine j;
+          j.add("bench", std::string("transport"))
+              .add("size_mib", int64_t(mb))
+              .add("reps", int64_t(reps))
+              .add("actor_mib_s", actor)
+              .add("tcp_mib_s", tcp)
+              .add("ratio", actor / tcp)
+              .add("actor_echo_ms", actor_echo_ms)
+              .add("tcp_echo_ms", tcp_echo_ms);
+          std::cout << j.str() << std::endl;
+        } else {
+          std::printf("%8d %5d %12.1f %12.1f %7.2f %14.2f %14.2f\n", mb, reps, actor, tcp,
+                      actor / tcp, actor_echo_ms, tcp_echo_ms);
+          std::fflush(stdout);
+        }
+      }
+      std::vector<char> small(size_t(o.small_kb) * 1024, 'x');
+      const Timings t = measure(paths, small, kAck, o.small_reps);
+      const double actor_us = median(t.actor) * 1e6, tcp_us = median(t.tcp) * 1e6;
+      if (o.json) {
+        JsonLine j;
+        j.add("bench", std::string("transport_small"))
+            .add("size_kib", int64_t(o.small_kb))
+            .add("reps", int64_t(o.small_reps))
+            .add("actor_rtt_us", actor_us)
+            .add("tcp_rtt_us", tcp_us)
+            .add("overhead_us", actor_us - tcp_us);
+        std::cout << j.str() << std::endl;
+      } else {
+        std::printf("%d KiB round trip (median of %d): actor %.1f us, TCP %.1f us; per-layer "
+                    "overhead of the actor path %.1f us\n",
+                    o.small_kb, o.small_reps, actor_us, tcp_us, actor_us - tcp_us);
+      }
+    }
+  } catch (...) {
+    stop_server(server);
+    throw;
+  }
+  stop_server(server);
+  return rc;
+}
+
+}  // namespace
+
+int bench_transport_main(int argc, char** argv) {
+  Options o;
+  if (!parse_options(argc, argv, o)) return 0;
+  if (o.serve) return serve_main();
+  return run(o);
+}
+
+}  // namespace fd

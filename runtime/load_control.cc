@@ -1,0 +1,203 @@
+#include "runtime/load_control.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "runtime/error.h"
+
+namespace fd {
+
+const char* schedule_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::large_batch: return "large-batch";
+    case ScheduleKind::sls: return "sls";
+    case ScheduleKind::load_control: return "load-control";
+  }
+  return "?";
+}
+
+bool parse_schedule(const std::string& text, ScheduleKind* kind) {
+  for (ScheduleKind k : {ScheduleKind::large_batch, ScheduleKind::sls, ScheduleKind::load_control}) {
+    if (text == schedule_name(k)) {
+      *kind = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+ScheduleConfig resolve_schedule(const ScheduleConfig& cfg) {
+  if (cfg.batch < 1 || cfg.seq_len < 1 || cfg.interval < 1) {
+    throw Error("The schedule needs a positive batch size, sequence length and start interval, got B=" +
+                std::to_string(cfg.batch) + ", S=" + std::to_string(cfg.seq_len) +
+                ", F=" + std::to_string(cfg.interval) + ".");
+  }
+  if (cfg.micro_batch < 0 || cfg.load_limit < 0) {
+    throw Error("The micro-batch size and the load limit may not be negative (0 picks the default).");
+  }
+  ScheduleConfig r = cfg;
+  const double b = cfg.batch, s = cfg.seq_len, f = cfg.interval;
+  // M = B·F/S (the paper's micro-batch equation), at least one sequence.
+  if (r.micro_batch == 0) r.micro_batch = std::max(1, static_cast<int>(std::llround(b * f / s)));
+  // W'_max = B(S+F)/2, the steady-state peak of the load-stabilizing schedule.
+  if (r.load_limit == 0) r.load_limit = int64_t{cfg.batch} * (int64_t{cfg.seq_len} + cfg.interval) / 2;
+  return r;
+}
+
+LoadPlanner::LoadPlanner(const ScheduleConfig& cfg) : cfg_(resolve_schedule(cfg)) {}
+
+int LoadPlanner::quota(int64_t step, const SeqShape& shape) const {
+  const int now = started_at(step);
+  const int live = running(step);
+  switch (cfg_.kind) {
+    case ScheduleKind::large_batch:
+      return live > now ? 0 : std::max(0, cfg_.batch - now);
+    case ScheduleKind::sls: {
+      const int64_t f = cfg_.interval;
+      return ((step % f) + f) % f != 0 ? 0 : std::max(0, cfg_.micro_batch - now);
+    }
+    case ScheduleKind::load_control: {
+      const int64_t begin = live == 0 ? step : cold_begin_;
+      const bool cold = step < begin + cfg_.seq_len;
+      if (cold && (step - begin) % cfg_.interval != 0) return 0;
+      const int room = cfg_.micro_batch - now;
+      if (room <= 0) return 0;
+      const int64_t fit = fits(step, shape, cfg_.load_limit);
+      if (live == 0 && fit == 0) return 1;  // too long for W_lim: it runs alone rather than never
+      // A micro-batch opens when all M fit (Algorithm 1); once open, or in a cold-start slot,
+      // it takes as many as fit.
+      if (!cold && now == 0 && fit < cfg_.micro_batch) return 0;
+      return static_cast<int>(std::min<int64_t>(room, fit));
+    }
+  }
+  return 0;
+}
+
+SeqTicket LoadPlanner::start(int64_t step, const SeqShape& shape) {
+  if (shape.steps < 1 || shape.base < 0) {
+    throw Error("A planned sequence needs at least one step and a non-negative cached length, got " +
+                std::to_string(shape.steps) + " steps after " + std::to_string(shape.base) + " tokens.");
+  }
+  if (step < last_start_) {
+    throw Error("The load planner was asked to start a sequence at step " + std::to_string(step) +
+                ", before the step " + std::to_string(last_start_) + " of an earlier start.");
+  }
+  if (running(step) == 0) cold_begin_ = step;
+  ends_.erase(ends_.begin(), ends_.lower_bound(step));
+  SeqTicket t;
+  t.start = step;
+  t.end = step + shape.steps - 1;
+  t.offset = int64_t{shape.base} - step + 1;
+  Group& g = ends_[t.end];
+  g.n += 1;
+  g.offset += t.offset;
+  if (step == last_start_) {
+    ++started_last_;
+  } else {
+    last_start_ = step;
+    started_last_ = 1;
+  }
+  return t;
+}
+
+void LoadPlanner::finish(const SeqTicket& ticket, int64_t last_step) {
+  if (last_step >= ticket.end) return;  // ran to its planned end: nothing left to release
+  auto it = ends_.find(ticket.end);
+  if (it == ends_.end() || it->second.n == 0) return;
+  it->second.n -= 1;
+  it->second.offset -= ticket.offset;
+  if (it->second.n == 0) ends_.erase(it);
+}
+
+int64_t LoadPlanner::planned_load(int64_t step) const {
+  int64_t w = 0;
+  for (auto it = ends_.lower_bound(step); it != ends_.end(); ++it)
+    w += it->second.n * step + it->second.offset;
+  return w;
+}
+
+int LoadPlanner::running(int64_t step) const {
+  int64_t n = 0;
+  for (auto it = ends_.lower_bound(step); it != ends_.end(); ++it) n += it->second.n;
+  return static_cast<int>(n);
+}
+
+// The load only rises between two ends, so the planned peaks are the loads at the last steps of
+// sequences (Algorithm 1 keeps W at the ending steps E). A new sequence ending at `en` adds
+// e + c1 at an existing end e <= en; the loads at ends after en do not change.
+int64_t LoadPlanner::fits(int64_t step, const SeqShape& shape, int64_t limit) const {
+  const int64_t en = step + shape.steps - 1;
+  const int64_t c1 = int64_t{shape.base} - step + 1;
+  int64_t best = std::numeric_limits<int64_t>::max();
+  int64_t n = 0, off = 0;  // sequences ending at or after the current end, and their offsets
+  const auto check = [&](int64_t e) {
+    const int64_t room = limit - (n * e + off);
+    best = room < 0 ? 0 : std::min(best, room / (e + c1));
+  };
+  bool checked_en = false;
+  for (auto it = ends_.rbegin(); it != ends_.rend() && it->first >= step; ++it) {
+    const int64_t e = it->first;
+    if (!checked_en && e < en) {
+      check(en);
+      checked_en = true;
+    }
+    n += it->second.n;
+    off += it->second.offset;
+    if (e <= en) check(e);
+    if (e == en) checked_en = true;
+  }
+  if (!checked_en) check(en);
+  return best;
+}
+
+int64_t LoadPlanner::earliest_step(int64_t step, int n, const SeqShape& shape) const {
+  const int64_t last = ends_.empty() ? step : std::max(step, ends_.rbegin()->first + 1);
+  for (int64_t r = step; r <= last; ++r)
+    if (fits(r, shape, cfg_.load_limit) >= n) return r;
+  return -1;  // at `last` nothing runs any more, and still n do not fit
+}
+
+LoadTrace simulate_schedule(const ScheduleConfig& cfg, const std::vector<SimRequest>& requests,
+                            int64_t steps) {
+  for (const SimRequest& r : requests) {
+    if (r.actual_steps < 1 || r.actual_steps > r.shape.steps) {
+      throw Error("A simulated request runs " + std::to_string(r.actual_steps) +
+                  " steps, outside 1.." + std::to_string(r.shape.steps) + " of its plan.");
+    }
+  }
+  struct Run {
+    const SimRequest* req;
+    SeqTicket ticket;
+    int64_t start;
+  };
+  LoadPlanner planner(cfg);
+  LoadTrace tr;
+  tr.load.assign(static_cast<size_t>(std::max<int64_t>(steps, 0)), 0);
+  tr.running.assign(tr.load.size(), 0);
+  tr.started.assign(tr.load.size(), 0);
+  std::vector<Run> runs;
+  size_t next = 0;
+  for (int64_t t = 0; t < steps; ++t) {
+    const size_t i = static_cast<size_t>(t);
+    while (next < requests.size() && requests[next].arrival <= t &&
+           planner.quota(t, requests[next].shape) > 0) {
+      runs.push_back(Run{&requests[next], planner.start(t, requests[next].shape), t});
+      ++next;
+      ++tr.started[i];
+    }
+    for (const Run& r : runs) tr.load[i] += r.req->shape.base + (t - r.start + 1);
+    tr.running[i] = static_cast<int>(runs.size());
+    tr.tokens += tr.running[i];
+    tr.peak = std::max(tr.peak, tr.load[i]);
+    auto done = std::stable_partition(runs.begin(), runs.end(), [t](const Run& r) {
+      return t - r.start + 1 < r.req->actual_steps;
+    });
+    for (auto it = done; it != runs.end(); ++it) planner.finish(it->ticket, t);
+    tr.finished += runs.end() - done;
+    runs.erase(done, runs.end());
+  }
+  return tr;
+}
+
+}  // namespace fd

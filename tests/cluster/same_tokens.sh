@@ -1,0 +1,39 @@
+# One gpu node and two cpu nodes (1 and 2 shards) generate the same greedy tokens as --role all,
+# on the shared stories260K model and on a random model from fastdecode-mkmodel.
+source "$(dirname "$0")/lib.bash" "$@"
+
+cat >"$WORK/stories.txt" <<'PROMPTS'
+Once upon a time
+The little dog
+Lily wanted to
+One day, a boy named Tom
+The sun was
+She looked at the big
+They went to the park and
+Mom said
+PROMPTS
+prompts "$WORK/random.txt" 8
+random_model "$WORK/random.gguf"
+
+check_model() {
+  local model=$1 prompts=$2 n=$3 tag=$4
+  reference "$WORK/$tag-ref.json" "$model" "$prompts" "$n"
+  local port
+  port=$(free_port)
+  gpu_node "gpu-$tag" "$port" "$model" "$prompts" "$n" --min-shards 3
+  cpu_node "cpu-$tag-a" "$port" --shards 1
+  cpu_node "cpu-$tag-b" "$port" --shards 2
+  finish "gpu-$tag" 60
+  [[ $RC -eq 0 ]] || fail "gpu node on $tag exited with $RC"
+  expect_log "gpu-$tag" "shard cpu-$tag-a/shard-0 joined"
+  expect_log "gpu-$tag" "shard cpu-$tag-b/shard-1 joined"
+  same_tokens "$WORK/$tag-ref.json" "$WORK/gpu-$tag.out" "$(wc -l <"$prompts")"
+  # The cpu nodes notice that the gpu node is gone and exit by themselves.
+  finish "cpu-$tag-a" 15
+  finish "cpu-$tag-b" 15
+  expect_log "cpu-$tag-a" "lost the gpu node"
+}
+
+check_model "$SHARED/models/stories260K.gguf" "$WORK/stories.txt" 96 stories
+check_model "$WORK/random.gguf" "$WORK/random.txt" 200 random
+log "passed"
