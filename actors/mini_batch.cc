@@ -152,6 +152,7 @@ void scatter_logits(self_ptr self, uint64_t step, const bytes& logits) {
       auto& st = self->state;
       if (!current(st, step) || --st.pending > 0) return;
       trace_step_end(self);
+      self->send(st.scheduler, step_atom::value, static_cast<int32_t>(st.cfg.index));
       next_step(self);
     };
     self->request(st.micros[m], st.cfg.timeout, std::move(per[m]))

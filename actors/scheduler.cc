@@ -29,6 +29,7 @@ struct Live {
   micro_batch_actor micro;  // null while queued
   size_t mini = 0;          // index of its mini-batch
   uint64_t tag = 0;         // the client's name for it
+  SeqTicket ticket;         // its planned load, under a schedule
 };
 
 struct Leave {
@@ -48,6 +49,8 @@ struct SchedState {
   int32_t next_shard = 0;
   std::vector<mini_batch_actor> minis;
   std::vector<size_t> mini_seqs;  // [minis] live sequences in each
+  std::vector<LoadPlanner> planners;  // [minis] under a schedule
+  std::vector<int64_t> mini_step;     // [minis] steps each has completed
   uint64_t next_seq = 1;
   std::unordered_map<uint64_t, Live> live;
   std::deque<uint64_t> queue;  // admitted sequences waiting for room in the batch or a shard
@@ -159,10 +162,22 @@ void fail(self_ptr self, uint64_t seq, const std::string& why) {
   st.live.erase(it);
 }
 
-// Forms one micro-batch of every queued sequence that fits now, first in first served, and hands it
-// to the mini-batch with the fewest sequences.
-void admit_queued(self_ptr self) {
+SeqShape shape_of(const gen_request& req) {
+  return SeqShape{static_cast<int>(req.prompt.size()) - 1, std::max(1, req.max_new)};
+}
+
+// Forms one micro-batch of the queued sequences that may start now, first in first served, and
+// hands it to a mini-batch: without a schedule every one that fits, to the mini-batch with the
+// fewest sequences; with one, as many as that mini-batch's planner allows at its current step
+// (target < 0: any idle mini-batch).
+void admit_queued(self_ptr self, int target = -1) {
   auto& st = self->state;
+  size_t mini = static_cast<size_t>(
+      std::min_element(st.mini_seqs.begin(), st.mini_seqs.end()) - st.mini_seqs.begin());
+  if (st.cfg.scheduled) {
+    if (target >= 0) mini = static_cast<size_t>(target);
+    else if (st.mini_seqs[mini] > 0) return;  // running mini-batches admit at their steps
+  }
   std::vector<seq_start> group;
   while (!st.queue.empty() && st.in_batch < static_cast<size_t>(st.cfg.max_batch)) {
     const uint64_t seq = st.queue.front();
@@ -177,6 +192,9 @@ void admit_queued(self_ptr self) {
       fail(self, seq, "the sequence needs more KV-cache than any R-worker shard holds");
       continue;
     }
+    if (st.cfg.scheduled &&
+        st.planners[mini].quota(st.mini_step[mini], shape_of(l.req)) <= 0)
+      break;
     if (!place(st, l)) {
       if (!has_serving_shard(st) && !st.said_waiting) {
         log(st) << "scheduler: waiting for R-worker shards to join\n";
@@ -187,11 +205,10 @@ void admit_queued(self_ptr self) {
     st.said_waiting = false;
     st.queue.pop_front();
     ++st.in_batch;
+    if (st.cfg.scheduled) l.ticket = st.planners[mini].start(st.mini_step[mini], shape_of(l.req));
     group.push_back(seq_start{place_of(st, seq, l), l.req});
   }
   if (group.empty()) return;
-  const size_t mini = static_cast<size_t>(
-      std::min_element(st.mini_seqs.begin(), st.mini_seqs.end()) - st.mini_seqs.begin());
   st.mini_seqs[mini] += group.size();
   std::vector<uint64_t> ids;
   for (auto& g : group) ids.push_back(g.place.seq);
@@ -292,9 +309,15 @@ void snapshot(self_ptr self) {
   auto& st = self->state;
   size_t queued = st.queue.size(), running = st.live.size() - queued;
   trace_batch b;
-  b.events.push_back(counter("scheduler", "scheduler", "continuous",
-                             {"queued", "running", "shards", "W_lim"},
-                             {double(queued), double(running), double(st.shards.size()), 0}));
+  double w = 0, w_lim = 0;
+  for (size_t m = 0; m < st.planners.size(); ++m) {
+    w += double(st.planners[m].planned_load(st.mini_step[m]));
+    w_lim += double(st.planners[m].config().load_limit);
+  }
+  b.events.push_back(counter("scheduler", "scheduler",
+                             st.cfg.scheduled ? schedule_name(st.cfg.schedule.kind) : "continuous",
+                             {"queued", "running", "shards", "W", "W_lim"},
+                             {double(queued), double(running), double(st.shards.size()), w, w_lim}));
   for (auto& sub : st.subscribers) self->send(sub, b);
   for (auto& [id, e] : st.shards) {
     const std::string track = "shard " + std::to_string(id), name = e.info.name;
@@ -344,6 +367,9 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
     self->link_to(st.minis.back());
   }
   st.mini_seqs.assign(st.minis.size(), 0);
+  st.mini_step.assign(st.minis.size(), 0);
+  if (cfg.scheduled)
+    st.planners.assign(st.minis.size(), LoadPlanner(resolve_schedule(cfg.schedule)));
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     for (auto& [id, e] : st.shards)
@@ -396,7 +422,11 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         if (it == st.live.end()) return;
         release(st, it->second);
         it->second.promise.deliver(std::move(done.result));
-        if (it->second.micro) st.mini_seqs[it->second.mini]--;
+        if (it->second.micro) {
+          const size_t m = it->second.mini;
+          st.mini_seqs[m]--;
+          if (st.cfg.scheduled) st.planners[m].finish(it->second.ticket, st.mini_step[m]);
+        }
         st.live.erase(it);
         --st.in_batch;
         admit_queued(self);
@@ -411,6 +441,12 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         st.subscribers.push_back(std::move(sink));
         if (st.subscribers.size() == 1)
           for (auto& m : st.minis) self->send(m, subscribe_atom::value, true);
+      },
+      [self](step_atom, int32_t mini) {
+        auto& st = self->state;
+        if (mini < 0 || static_cast<size_t>(mini) >= st.minis.size()) return;
+        ++st.mini_step[mini];
+        if (st.cfg.scheduled) admit_queued(self, mini);
       },
       [self](trace_batch& batch) {
         for (auto& sub : self->state.subscribers) self->send(sub, batch);

@@ -7,6 +7,7 @@
 #include "actors/micro_batch.h"
 #include "actors/mini_batch.h"
 #include "actors/type_ids.h"
+#include "runtime/load_control.h"
 
 namespace fd {
 
@@ -17,6 +18,10 @@ struct SchedulerConfig {
   caf::timespan shard_wait = std::chrono::seconds(30);   // how long work waits for a shard
   bool log = true;                                       // shard joins and losses on stderr
   int32_t groups = 1;                                    // R-groups (model parallelism)
+  // Without a schedule, queued sequences start at once (continuous batching); with one, each
+  // mini-batch's LoadPlanner decides how many start at each of its steps.
+  bool scheduled = false;
+  ScheduleConfig schedule;
 };
 
 // One mini-batch per stream: two streams give the two-stage pipeline.

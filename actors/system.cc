@@ -110,6 +110,8 @@ GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> mode
   sc.max_batch = opt.max_batch;
   sc.shard_wait = opt.shard_wait;
   sc.log = opt.log;
+  sc.scheduled = opt.scheduled;
+  sc.schedule = opt.schedule;
   node.scheduler = spawn_scheduler(sys, sc, node.streams);
   return node;
 }

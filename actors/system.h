@@ -7,6 +7,7 @@
 #include "actors/scheduler.h"
 #include "actors/type_ids.h"
 #include "caf/actor_system_config.hpp"
+#include "runtime/load_control.h"
 #include "runtime/spart.h"
 
 namespace fd {
@@ -33,6 +34,8 @@ struct LocalOptions {
   int pipeline_parallel = 1;    // S-workers, each with consecutive layers and its own R-group
   std::string backend = "cpu";  // cpu, cuda, auto (CUDA when usable) or sim
   std::string sim_profile;      // --backend sim: T(B) table, see runtime/sim_backend.h
+  bool scheduled = false;       // false: continuous batching; true: `schedule` per mini-batch
+  ScheduleConfig schedule;
 };
 
 // The R-group holding every layer and head of the model.

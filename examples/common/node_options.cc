@@ -64,6 +64,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   std::vector<std::string> prompts;
   std::string prompts_file, kv_memory = "1GiB";
   double timeout_s = 60, shard_wait_s = 30;
+  std::string schedule = "continuous";
   po::options_description desc("fastdecode-node options");
   desc.add_options()
       ("help,h", "show this help")
@@ -86,6 +87,18 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
        "S-workers splitting heads and MLP, each with its own R-group of shards")
       ("pipeline-parallel", po::value(&a.local.pipeline_parallel)->default_value(1),
        "S-workers holding consecutive layers, each with its own R-group of shards")
+      ("schedule", po::value(&schedule)->default_value("continuous"),
+       "continuous (start requests at once), large-batch, sls or load-control")
+      ("batch", po::value(&a.local.schedule.batch)->default_value(256),
+       "schedules: B, sequences in flight per mini-batch")
+      ("interval", po::value(&a.local.schedule.interval)->default_value(16),
+       "sls/load-control: F, steps between micro-batch starts")
+      ("max-len", po::value(&a.local.schedule.seq_len)->default_value(0),
+       "sls/load-control: S, steps a sequence runs (0: -n)")
+      ("micro-batch", po::value(&a.local.schedule.micro_batch)->default_value(0),
+       "sls/load-control: M, sequences per micro-batch (0: B*F/S)")
+      ("load-limit", po::value(&a.local.schedule.load_limit)->default_value(0),
+       "load-control: W_lim in tokens (0: B(S+F)/2; fastdecode-plan prints one)")
       ("pipeline", po::value(&a.local.pipeline)->default_value(2),
        "mini-batches in flight: 2 overlaps the S-part of one with the R-part of the other")
       ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
@@ -121,6 +134,15 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (a.local.shards < 1) throw Error("--shards must be at least 1");
   if (a.local.max_batch < 1) throw Error("--max-batch must be at least 1");
   if (a.local.pipeline < 1 || a.local.pipeline > 2) throw Error("--pipeline must be 1 or 2");
+  if (schedule != "continuous") {
+    if (!parse_schedule(schedule, &a.local.schedule.kind))
+      throw Error("--schedule must be continuous, large-batch, sls or load-control, not '" +
+                  schedule + "'");
+    a.local.scheduled = true;
+    if (a.local.schedule.seq_len == 0) a.local.schedule.seq_len = a.n_predict;
+    a.local.schedule = resolve_schedule(a.local.schedule);
+    a.local.max_batch = std::max(a.local.max_batch, a.local.schedule.batch * a.local.pipeline);
+  }
   if (a.local.tensor_parallel < 1 || a.local.pipeline_parallel < 1)
     throw Error("--tensor-parallel and --pipeline-parallel must be at least 1");
   if (a.local.backend != "auto" && a.local.backend != "cpu" && a.local.backend != "cuda" &&
