@@ -40,6 +40,9 @@ struct MiniState {
   size_t rows = 0;
   int pending = 0;                        // outstanding replies of the current phase
   bytes o;                                // [rows][n_heads*head_dim] f32 gathered from shards
+  // Shards known to be gone. CAF drops a message to a dead remote actor without an error, so a
+  // request to one would only time out: none is sent.
+  std::vector<int32_t> lost;
   // Tracing, only while a console subscribes.
   bool tracing = false;
   trace_batch trace;                      // events of the step in flight
@@ -85,10 +88,12 @@ void trace_r_done(MiniState& st) {
 void trace_step_end(self_ptr self) {
   auto& st = self->state;
   if (!st.tracing || st.trace.events.empty()) return;
+  double kv_tokens = 0;  // the step's R-part load W: sum of its sequences' lengths after it
+  for (const RowRef& r : st.order) kv_tokens += double(r.step->pos0) + double(r.step->tokens.size());
   span(st, "mini_batch-" + std::to_string(st.cfg.index), "mini_batch", "step", st.step_t0,
-       trace_now_us(), {"rows", "seqs", "micro_batches", "s_ms", "r_ms", "comm_ms"},
+       trace_now_us(), {"rows", "seqs", "micro_batches", "s_ms", "r_ms", "comm_ms", "kv_tokens"},
        {double(st.rows), double(st.order.size()), double(st.micros.size()), st.s_us / 1e3,
-        st.r_us / 1e3, st.comm_us / 1e3});
+        st.r_us / 1e3, st.comm_us / 1e3, kv_tokens});
   self->send(st.scheduler, std::move(st.trace));
   st.trace = trace_batch{};
 }
@@ -179,6 +184,9 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
   if (out.q.size() != st.rows * qw * sizeof(float) ||
       out.k.size() != st.rows * kw * sizeof(uint16_t) || out.v.size() != st.rows * kw * sizeof(uint16_t))
     return stream_failed(self, step, caf::make_error(caf::sec::invalid_argument, "Q/K/V shape"));
+  for (const Bucket& b : st.buckets)
+    if (std::find(st.lost.begin(), st.lost.end(), b.shard) != st.lost.end())
+      return shard_failed(self, step, b.shard, caf::make_error(caf::sec::request_receiver_down));
   st.o.assign(st.rows * qw * sizeof(float), 0);
   st.pending = 0;
   st.phase_t0 = trace_now_us();
@@ -355,8 +363,11 @@ mini_batch_actor::behavior_type mini_behavior(self_ptr self, MiniBatchConfig cfg
       [self](lost_atom, int32_t shard) {
         auto& st = self->state;
         tell_lost(self, shard);
-        // A step waiting on the shard would only time out: retry it now, elsewhere.
-        const bool waiting = st.running && st.pending > 0 &&
+        if (std::find(st.lost.begin(), st.lost.end(), shard) == st.lost.end())
+          st.lost.push_back(shard);
+        // A step waiting on the shard, or about to send to it after the S-part, would only time
+        // out: retry it now, elsewhere.
+        const bool waiting = st.running &&
                              std::any_of(st.buckets.begin(), st.buckets.end(),
                                          [&](const Bucket& b) { return b.shard == shard; });
         if (waiting) next_step(self);

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "caf/all.hpp"
+#include "kernels/thread_pool.h"
 
 namespace fd {
 namespace {
@@ -12,6 +13,8 @@ namespace {
 struct ShardState {
   ShardConfig cfg;
   std::optional<KvStore> store;
+  std::unique_ptr<kernels::ThreadPool> pool;
+  std::vector<kernels::AttnItem> items;
   shard_stats stats;
   std::unordered_set<uint64_t> seen;  // sequences ever served, for stats.served
   static inline const char* name = "rworker_shard";
@@ -60,14 +63,17 @@ caf::result<attn_reply> attend(ShardState& st, const attn_request& r) {
   out.o.resize(rows * qw * sizeof(float));
   size_t row = 0;
   try {
+    st.items.clear();
     for (const auto& s : r.seqs) {
       st.store->append(s.seq, r.layer, s.pos0, as<uint16_t>(r.k) + row * kw,
-                      as<uint16_t>(r.v) + row * kw, s.n);
-      kernels::attention_f16(as<float>(r.q) + row * qw, s.n, s.pos0, st.store->view(s.seq, r.layer),
-                             st.cfg.dims, as<float>(out.o) + row * qw);
+                       as<uint16_t>(r.v) + row * kw, s.n);
+      st.items.push_back(kernels::AttnItem{as<float>(r.q) + row * qw, as<float>(out.o) + row * qw,
+                                           s.n, s.pos0, st.store->view_blocks(s.seq, r.layer)});
       row += static_cast<size_t>(s.n);
     }
-  } catch (const Error& e) {
+    // All sequences of the request at once: (sequence, kv head) units over the shard's threads.
+    kernels::attention_batch(st.items.data(), st.items.size(), st.cfg.dims, *st.pool);
+  } catch (const std::exception& e) {
     return caf::make_error(caf::sec::runtime_error, st.cfg.name + ": " + e.what());
   }
   const auto spent = std::chrono::steady_clock::now() - t0;
@@ -81,6 +87,7 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardSta
                                           ShardConfig cfg) {
   self->state.cfg = cfg;
   self->state.store.emplace(cfg.kv);
+  self->state.pool = std::make_unique<kernels::ThreadPool>(std::max(1, cfg.threads));
   return {
       [self](const attn_request& r) { return attend(self->state, r); },
       [self](drop_atom, uint64_t seq) { self->state.store->drop(seq); },

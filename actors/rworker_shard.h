@@ -9,9 +9,10 @@
 namespace fd {
 
 struct ShardConfig {
-  std::string name;  // e.g. "shard-0@host"
+  std::string name;  // e.g. "cpu-1/shard-0"
   KvStoreConfig kv;
   kernels::AttnDims dims;
+  int threads = 1;   // attention threads of this shard (a node's shards share its cores)
 };
 
 // Spawned detached: attention is long-running work that must not block CAF's scheduler threads.

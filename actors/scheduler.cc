@@ -170,6 +170,15 @@ SeqShape shape_of(const gen_request& req) {
 // hands it to a mini-batch: without a schedule every one that fits, to the mini-batch with the
 // fewest sequences; with one, as many as that mini-batch's planner allows at its current step
 // (target < 0: any idle mini-batch).
+// Says once, while no shard serves, that work waits for one to join.
+void say_waiting(SchedState& st) {
+  if (has_serving_shard(st) || st.said_waiting) return;
+  log(st) << "scheduler: waiting for R-worker shards to join (up to "
+          << std::chrono::duration_cast<std::chrono::seconds>(st.cfg.shard_wait).count()
+          << " s, --shard-wait)\n";
+  st.said_waiting = true;
+}
+
 void admit_queued(self_ptr self, int target = -1) {
   auto& st = self->state;
   size_t mini = static_cast<size_t>(
@@ -196,10 +205,7 @@ void admit_queued(self_ptr self, int target = -1) {
         st.planners[mini].quota(st.mini_step[mini], shape_of(l.req)) <= 0)
       break;
     if (!place(st, l)) {
-      if (!has_serving_shard(st) && !st.said_waiting) {
-        log(st) << "scheduler: waiting for R-worker shards to join\n";
-        st.said_waiting = true;
-      }
+      say_waiting(st);
       break;  // later ones wait too
     }
     st.said_waiting = false;
@@ -247,9 +253,11 @@ void serve_replaces(self_ptr self) {
       if (l != st.live.end()) ok &= place(st, l->second);
     }
     if (!ok) {
+      say_waiting(st);  // sequences that lost their shard wait too
       ++it;
       continue;
     }
+    st.said_waiting = false;
     std::vector<seq_place> out;
     for (uint64_t seq : it->seqs) {
       auto l = st.live.find(seq);

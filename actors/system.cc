@@ -5,6 +5,8 @@
 #include "runtime/backend_loader.h"
 #include "runtime/parallel.h"
 #include "runtime/sim_backend.h"
+#include <thread>
+
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "runtime/error.h"
@@ -24,13 +26,18 @@ r_group whole_model_group(const ModelConfig& m) {
   return r_group{0, m.n_layers, 0, m.n_heads, 0, m.n_kv_heads};
 }
 
+int threads_per_shard(int node_threads, int n) {
+  if (node_threads <= 0) node_threads = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, node_threads / std::max(1, n));
+}
+
 std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
                                      const KvStoreConfig& kv, const kernels::AttnDims& dims,
-                                     int32_t group) {
+                                     int32_t group, int threads_per_shard) {
   std::vector<shard_info> out;
   caf::scoped_actor self{sys};
   for (int i = 0; i < n; ++i) {
-    ShardConfig sc{prefix + std::to_string(i), kv, dims};
+    ShardConfig sc{prefix + std::to_string(i), kv, dims, threads_per_shard};
     shard_info info;
     info.hdl = spawn_shard(sys, sc);
     info.name = sc.name;
@@ -139,9 +146,11 @@ LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> 
     const std::string prefix = node.gpu.groups.size() > 1 ? "g" + std::to_string(g) + "/shard-" : "shard-";
     for (auto& s : spawn_shards(sys, prefix, opt.shards,
                                 KvStoreConfig{rg.layers, rg.kv_heads, hd, opt.block_tokens,
-                                              opt.kv_memory},
+                                              opt.kv_memory, opt.kv_dtype},
                                 kernels::AttnDims{rg.heads, rg.kv_heads, hd},
-                                static_cast<int32_t>(g)))
+                                static_cast<int32_t>(g),
+                                threads_per_shard(opt.attn_threads,
+                                                  opt.shards * static_cast<int>(node.gpu.groups.size()))))
       reg.shards.push_back(std::move(s));
   }
   for (auto& s : reg.shards) node.shards.push_back(s.hdl);

@@ -34,6 +34,8 @@ struct LocalOptions {
   int pipeline_parallel = 1;    // S-workers, each with consecutive layers and its own R-group
   std::string backend = "cpu";  // cpu, cuda, auto (CUDA when usable) or sim
   std::string sim_profile;      // --backend sim: T(B) table, see runtime/sim_backend.h
+  kernels::KvDtype kv_dtype = kernels::KvDtype::f16;  // f16, or quantized int8/int4
+  int attn_threads = 0;         // a node's attention threads, shared by its shards; 0: cores
   bool scheduled = false;       // false: continuous batching; true: `schedule` per mini-batch
   ScheduleConfig schedule;
 };
@@ -66,10 +68,13 @@ LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> 
                            const LocalOptions& opt);
 void stop_local_node(LocalNode& node);
 
+// Attention threads per shard when a node's n shards share `node_threads` (0: all cores).
+int threads_per_shard(int node_threads, int n);
+
 // Spawns n shards for R-group `group` and describes them for registration.
 std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
                                      const KvStoreConfig& kv, const kernels::AttnDims& dims,
-                                     int32_t group = 0);
+                                     int32_t group = 0, int threads_per_shard = 1);
 
 // Sends every request at once and waits for all answers; a failed or timed-out request gets its
 // error in gen_result::error, the others are unaffected.

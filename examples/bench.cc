@@ -4,13 +4,19 @@
 #include <iostream>
 
 #include "examples/common/bench_attention.h"
+#include "examples/common/bench_schedule.h"
+#include "examples/common/bench_sworker.h"
+#include "examples/common/bench_transport.h"
 
 namespace {
 
 void usage(std::ostream& os) {
   os << "usage: fastdecode-bench MODE [options]   (MODE --help lists a mode's options)\n"
         "modes:\n"
-        "  attention   decode attention over a KV-cache vs. the machine's read bandwidth\n";
+        "  attention   decode attention over a KV-cache vs. the machine's read bandwidth\n"
+        "  schedule    large-batch, sls and load-control on one workload: per-step latency and load\n"
+        "  sworker     the S-part of one layer, T(B), on the CUDA or CPU backend\n"
+        "  transport   payloads between two processes: actor path vs. plain TCP on loopback\n";
 }
 
 }  // namespace
@@ -22,6 +28,9 @@ int main(int argc, char** argv) {
   }
   try {
     if (!std::strcmp(argv[1], "attention")) return fd::bench_attention_main(argc - 1, argv + 1);
+    if (!std::strcmp(argv[1], "schedule")) return fd::bench_schedule_main(argc - 1, argv + 1);
+    if (!std::strcmp(argv[1], "sworker")) return fd::bench_sworker_main(argc - 1, argv + 1);
+    if (!std::strcmp(argv[1], "transport")) return fd::bench_transport_main(argc - 1, argv + 1);
   } catch (const std::exception& e) {
     std::cerr << "fastdecode-bench: error: " << e.what() << "\n";
     return 2;

@@ -48,7 +48,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's block
 // as fp32. Layouts are documented in kernels/kv_format.h.
+// Formats with one scale per row set kRowScale: Load then returns unscaled values and the kernel
+// folds Scale(t) into the score and the softmax weight instead (one multiply per row, not per lane).
 struct F16Rows {
+  static constexpr bool kRowScale = false;
   const uint16_t* x;  // [block_tokens][head_dim]
   size_t hd;
   F16Rows(const uint8_t* head_block, size_t head_dim, size_t)
@@ -60,6 +63,7 @@ struct F16Rows {
 };
 
 struct Q8Rows {
+  static constexpr bool kRowScale = true;
   const float* scale;  // [block_tokens]
   const int8_t* x;     // [block_tokens][head_dim]
   size_t hd;
@@ -71,12 +75,13 @@ struct Q8Rows {
   HWY_INLINE hn::Vec<D> Load(D d, size_t t, size_t c) const {
     const hn::RebindToSigned<D> di;
     const hn::Rebind<int8_t, D> d8;
-    const auto v = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, x + t * hd + c)));
-    return hn::Mul(v, hn::Set(d, scale[t]));
+    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, x + t * hd + c)));
   }
+  float Scale(size_t t) const { return scale[t]; }
 };
 
 struct Q4Rows {
+  static constexpr bool kRowScale = false;
   const float* scale;  // [block_tokens][head_dim / 32]
   const uint8_t* x;    // [block_tokens][head_dim / 32][16]
   size_t hd;
@@ -96,9 +101,109 @@ struct Q4Rows {
   }
 };
 
+template <class Rows>
+HWY_INLINE float RowScale(const Rows& r, size_t t) {
+  if constexpr (Rows::kRowScale) {
+    return r.Scale(t);
+  } else {
+    (void)r;
+    (void)t;
+    return 1.0f;
+  }
+}
+
 template <class P>
 HWY_INLINE const uint8_t* Bytes(const P* p) {
   return static_cast<const uint8_t*>(static_cast<const void*>(p));
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// Adds the 128-bit blocks of v: lane i of the result sums lane i of every block.
+template <class D>
+HWY_INLINE auto FoldBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+#endif
+
+// out[j] = sum of the lanes of a[j]. Four vectors at a time are transposed-and-added within
+// each 128-bit block, then the blocks are folded: about a third of the work of four reductions.
+template <int NQ, class D>
+HWY_INLINE void LaneSums(D d, const hn::Vec<D>* a, float* out) {
+  int j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (NQ >= 4 && hn::MaxLanes(D()) >= 4) {
+    const hn::Repartition<uint64_t, D> d64;
+    for (; j + 4 <= NQ; j += 4) {
+      const auto x01 = hn::Add(hn::InterleaveLower(d, a[j], a[j + 1]), hn::InterleaveUpper(d, a[j], a[j + 1]));
+      const auto x23 =
+          hn::Add(hn::InterleaveLower(d, a[j + 2], a[j + 3]), hn::InterleaveUpper(d, a[j + 2], a[j + 3]));
+      const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
+      const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
+      const auto sums = FoldBlocks(d, hn::Add(hn::BitCast(d, lo), hn::BitCast(d, hi)));
+      hn::StoreU(sums, hn::DFromV<decltype(sums)>(), out + j);
+    }
+  }
+#endif
+  for (; j < NQ; ++j) out[j] = hn::GetLane(hn::SumOfLanes(d, a[j]));
+}
+
+// sums[p * NQ + j] = q_j . k_(row0 + p) for TP consecutive key rows: each q chunk is loaded
+// once for TP rows, and the TP * NQ accumulators are independent FMA chains.
+template <int NQ, int TP, class Rows, class D>
+HWY_INLINE void ScoreRows(D d, const Rows& kr, size_t row0, const float (*qs)[kMaxHeadDim], size_t hd,
+                          float* sums) {
+  using V = hn::Vec<D>;
+  const size_t L = hn::Lanes(d);
+  V a[TP * NQ];
+#pragma GCC unroll 16
+  for (int i = 0; i < TP * NQ; ++i) a[i] = hn::Zero(d);
+  for (size_t c = 0; c < hd; c += L) {
+    V k[TP];
+#pragma GCC unroll 4
+    for (int p = 0; p < TP; ++p) k[p] = kr.Load(d, row0 + static_cast<size_t>(p), c);
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) {
+      const V qv = hn::Load(d, qs[j] + c);
+#pragma GCC unroll 4
+      for (int p = 0; p < TP; ++p) a[p * NQ + j] = hn::MulAdd(qv, k[p], a[p * NQ + j]);
+    }
+  }
+  LaneSums<TP * NQ>(d, a, sums);
+}
+
+// acc[j][c, c + CB * L) += sum over the n rows of w[j][t] * v_t[c, c + CB * L): CB chunks per
+// pass so that each weight broadcast feeds CB independent FMA chains.
+template <int NQ, int CB, class Rows, class D>
+HWY_INLINE void AccumulateValues(D d, const Rows& vr, size_t row0, int n, const float (*w)[kTileT],
+                                 size_t c, float (*acc)[kMaxHeadDim]) {
+  using V = hn::Vec<D>;
+  const size_t L = hn::Lanes(d);
+  V a[CB][NQ];
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+    for (int b = 0; b < CB; ++b) a[b][j] = hn::Load(d, acc[j] + c + b * L);
+  for (int t = 0; t < n; ++t) {
+    V v[CB];
+#pragma GCC unroll 4
+    for (int b = 0; b < CB; ++b) v[b] = vr.Load(d, row0 + static_cast<size_t>(t), c + b * L);
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) {
+      const V wt = hn::Set(d, w[j][t]);
+#pragma GCC unroll 4
+      for (int b = 0; b < CB; ++b) a[b][j] = hn::MulAdd(wt, v[b], a[b][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+    for (int b = 0; b < CB; ++b) hn::Store(a[b][j], d, acc[j] + c + b * L);
 }
 
 // Streaming softmax over the keys in tiles of kTileT: per tile, score every key once for all NQ
@@ -115,6 +220,8 @@ HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t hea
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const float neg_inf = -std::numeric_limits<float>::infinity();
 
+  constexpr int TP = NQ == 1 ? 4 : NQ == 2 ? 2 : 1;  // key rows scored per pass
+  constexpr int CB = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;  // value chunks accumulated per pass
   HWY_ALIGN float qs[NQ][kMaxHeadDim];   // scaled queries
   HWY_ALIGN float acc[NQ][kMaxHeadDim];  // unnormalised outputs
   HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current tile
@@ -132,6 +239,7 @@ HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t hea
 
   const size_t head_off = static_cast<size_t>(kv_head) * head_bytes;
   const size_t n_blocks = (static_cast<size_t>(max_limit) + bt - 1) / bt;
+  const size_t row_bytes = (head_bytes + bt - 1) / bt;  // prefetch pace: one row's share per key
   for (int t0 = 0; t0 < max_limit;) {
     const size_t b = static_cast<size_t>(t0) / bt;
     const size_t tb = static_cast<size_t>(t0) - b * bt;
@@ -144,26 +252,28 @@ HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t hea
     const uint8_t* kn = b + 1 < n_blocks ? Bytes(kv.k[b + 1]) + head_off : nullptr;
     const uint8_t* vn = b + 1 < n_blocks ? Bytes(kv.v[b + 1]) + head_off : nullptr;
     const Rows kr(kb, hd, bt), vr(vb, hd, bt);
+    size_t pf = tb * row_bytes / 64 * 64;  // next prefetch offset in the next block
 
-    for (int t = 0; t < n; ++t) {
+    for (int t = 0; t < n;) {
       if (kn != nullptr) {
-        const size_t tt = tb + static_cast<size_t>(t);
-        for (size_t off = tt * head_bytes / bt / 64 * 64; off < (tt + 1) * head_bytes / bt; off += 64) {
-          hwy::Prefetch(kn + off);
-          hwy::Prefetch(vn + off);
+        for (const size_t end = (tb + static_cast<size_t>(t) + TP) * row_bytes; pf < end; pf += 64) {
+          hwy::Prefetch(kn + pf);
+          hwy::Prefetch(vn + pf);
         }
       }
-      V a[NQ];
+      float sums[TP * NQ];
+      const int rows = t + TP <= n ? TP : 1;  // the last rows of a block go one at a time
+      if (rows == TP)
+        ScoreRows<NQ, TP>(d, kr, tb + static_cast<size_t>(t), qs, hd, sums);
+      else
+        ScoreRows<NQ, 1>(d, kr, tb + static_cast<size_t>(t), qs, hd, sums);
+      for (int p = 0; p < rows; ++p) {
+        const int tt = t + p;
+        const float ks = Rows::kRowScale ? RowScale(kr, tb + static_cast<size_t>(tt)) : 1.0f;
 #pragma GCC unroll 8
-      for (int j = 0; j < NQ; ++j) a[j] = hn::Zero(d);
-      for (size_t c = 0; c < hd; c += L) {
-        const V k = kr.Load(d, tb + static_cast<size_t>(t), c);
-#pragma GCC unroll 8
-        for (int j = 0; j < NQ; ++j) a[j] = hn::MulAdd(hn::Load(d, qs[j] + c), k, a[j]);
+        for (int j = 0; j < NQ; ++j) s[j][tt] = t0 + tt < tile.limit[j] ? sums[p * NQ + j] * ks : neg_inf;
       }
-#pragma GCC unroll 8
-      for (int j = 0; j < NQ; ++j)
-        s[j][t] = t0 + t < tile.limit[j] ? hn::GetLane(hn::SumOfLanes(d, a[j])) : neg_inf;
+      t += rows;
     }
     for (int j = 0; j < NQ; ++j) {
       for (int t = n; t < kTileT; ++t) s[j][t] = neg_inf;
@@ -181,24 +291,18 @@ HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t hea
         vsum = hn::Add(vsum, p);
       }
       l[j] = l[j] * corr + hn::GetLane(hn::SumOfLanes(dt, vsum));
+      if constexpr (Rows::kRowScale) {
+        for (int t = 0; t < n; ++t) s[j][t] *= RowScale(vr, tb + static_cast<size_t>(t));
+      }
       if (corr != 1.0f) {
         const V vc = hn::Set(d, corr);
         for (size_t c = 0; c < hd; c += L) hn::Store(hn::Mul(hn::Load(d, acc[j] + c), vc), d, acc[j] + c);
       }
       m[j] = m_new;
     }
-    for (size_t c = 0; c < hd; c += L) {
-      V a[NQ];
-#pragma GCC unroll 8
-      for (int j = 0; j < NQ; ++j) a[j] = hn::Load(d, acc[j] + c);
-      for (int t = 0; t < n; ++t) {
-        const V v = vr.Load(d, tb + static_cast<size_t>(t), c);
-#pragma GCC unroll 8
-        for (int j = 0; j < NQ; ++j) a[j] = hn::MulAdd(hn::Set(d, s[j][t]), v, a[j]);
-      }
-#pragma GCC unroll 8
-      for (int j = 0; j < NQ; ++j) hn::Store(a[j], d, acc[j] + c);
-    }
+    size_t c = 0;
+    for (; c + CB * L <= hd; c += CB * L) AccumulateValues<NQ, CB>(d, vr, tb, n, s, c, acc);
+    for (; c < hd; c += L) AccumulateValues<NQ, 1>(d, vr, tb, n, s, c, acc);
     t0 += n;
   }
 

@@ -1,5 +1,6 @@
 // Decode and prefill attention over a paged fp16 KV-cache: fp16 in memory, fp32 in registers.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace fd::kernels {
@@ -21,15 +22,10 @@ struct KvBlocksF16 {
 
 // Causal attention for n_q query rows of one sequence. Row i sits at position q_pos0 + i and
 // attends keys [0, q_pos0 + i], which must all be < kv.len. Scale 1/sqrt(head_dim).
-// q, out: [n_q][n_heads][head_dim] fp32.
+// q, out: [n_q][n_heads][head_dim] fp32. Throws std::invalid_argument when head_dim > 256, the
+// head counts do not divide, or a row lies beyond kv.len.
 void attention_f16(const float* q, int n_q, int q_pos0, const KvBlocksF16& kv, const AttnDims& d,
                    float* out);
-
-}  // namespace fd::kernels
-
-#include <cstddef>
-
-namespace fd::kernels {
 
 class ThreadPool;
 

@@ -320,6 +320,26 @@ TEST_CASE("quantized attention reads the decoded values exactly and stays near f
       }
 }
 
+TEST_CASE("quantized attention gives the same answer on every SIMD target", "[attention]") {
+  using fd::kernels::KvDtype;
+  for (KvDtype dt : {KvDtype::q8, KvDtype::q4}) {
+    const QuantKv kv(dt, 2, 64, 16, 50, 31);
+    const auto q = random_q(size_t(3) * 8 * 64, 1.0f, 32);
+    std::vector<double> ref, tol;
+    reference(q, 3, 47, kv.decoded(), 8, ref, tol);
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      INFO("target " << hwy::TargetName(target) << " " << fd::kernels::kv_dtype_name(dt));
+      std::vector<float> out(q.size());
+      fd::kernels::attention(q.data(), 3, 47, kv.view(), {8, 2, 64}, out.data());
+      size_t bad = 0;
+      for (size_t i = 0; i < out.size(); ++i) bad += !(std::fabs(out[i] - ref[i]) <= tol[i]);
+      CHECK(bad == 0);
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
 TEST_CASE("attention_batch matches per-sequence attention bit for bit at any thread count", "[attention]") {
   using fd::kernels::KvDtype;
   const int n_kv = 4, hd = 64, gqa = 2, n_heads = n_kv * gqa;

@@ -155,7 +155,8 @@ TEST_CASE("slash commands change the settings or say what is wrong", "[repl]") {
 TEST_CASE("model output reaches the terminal without control characters", "[repl]") {
   CHECK(fd::terminal_safe("a\tb\nc") == "a\tb\nc");
   CHECK(fd::terminal_safe("x\ry\x1b[2Jz\x7f") == "x\xEF\xBF\xBDy\xEF\xBF\xBD[2Jz\xEF\xBF\xBD");
-  CHECK(fd::terminal_safe("caf\xC3\xA9 \xE2\x96\x81") == "caf\xC3\xA9 \xE2\x96\x81");  // UTF-8 stays
+  // UTF-8 stays.
+  CHECK(fd::terminal_safe("caf\xC3\xA9 \xE2\x96\x81") == "caf\xC3\xA9 \xE2\x96\x81");
 }
 
 TEST_CASE("stats give tokens/s and time to first token of the last answer", "[repl]") {

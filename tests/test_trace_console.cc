@@ -87,7 +87,8 @@ TEST_CASE("the recording is Chrome Trace Event JSON with named tracks", "[trace_
       "\"args\":{}},\n"
       "{\"name\":\"shard cpu-1/shard-0 kv\",\"cat\":\"shard\",\"ph\":\"C\",\"ts\":2000,\"pid\":2,"
       "\"tid\":2,\"args\":{\"used_pages\":3,\"free_pages\":61}},\n"
-      "{\"name\":\"quote\\\"d\",\"cat\":\"mini_batch\",\"ph\":\"X\",\"ts\":1300,\"pid\":1,\"tid\":1,"
+      "{\"name\":\"quote\\\"d\",\"cat\":\"mini_batch\",\"ph\":\"X\",\"ts\":1300,\"pid\":1,"
+      "\"tid\":1,"
       "\"dur\":5,\"args\":{}}\n"
       "]}\n";
   CHECK(json == want);

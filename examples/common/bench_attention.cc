@@ -1,6 +1,8 @@
 #include "examples/common/bench_attention.h"
 
 #include <algorithm>
+#include <sys/mman.h>
+
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdint>
@@ -90,7 +92,7 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
       ("threads", po::value<int>(&o.threads)->default_value(hw), "attention and stream threads")
       ("kv-heads", po::value<int>(&o.kv_heads)->default_value(8), "kv heads per sequence")
       ("block-tokens", po::value<int>(&o.block_tokens)->default_value(16), "tokens per KV page")
-      ("min-time", po::value<double>(&o.min_time)->default_value(0.2), "seconds measured per case")
+      ("min-time", po::value<double>(&o.min_time)->default_value(0.2, "0.2"), "seconds measured per case")
       ("max-kv", po::value<std::string>()->default_value("1GiB"), "skip cases whose KV exceeds this")
       ("stream-size", po::value<std::string>()->default_value("1GiB"), "bandwidth probe array size");
   po::variables_map vm;
@@ -100,7 +102,8 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
     std::cout << desc << "\n"
               << "Decode attention (one query row per sequence) over one layer's KV-cache; GB/s counts\n"
                  "the KV bytes read, tokens/s the sequences served per second for that layer, ratio\n"
-                 "is GB/s over the streaming read bandwidth (median of 7 passes) of the same threads.\n";
+                 "is GB/s over the streaming read bandwidth of the same threads (median of 3 full reads of\n"
+                 "--stream-size, taken right after each case).\n";
     return false;
   }
   const bool quick = vm["quick"].as<bool>();
@@ -129,26 +132,43 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Read bandwidth of a sum over an array far larger than the caches, split over the pool.
-double stream_gbps(kernels::ThreadPool& pool, size_t bytes) {
-  const size_t n = std::max<size_t>(bytes / sizeof(float), 1 << 20);
-  const std::vector<float> a(n, 1.0f);
-  const size_t chunks = 256;
-  std::vector<double> part(chunks);
-  std::vector<double> times;
-  for (int rep = 0; rep < 7; ++rep) {
-    const auto t0 = Clock::now();
-    pool.run(chunks, [&](size_t i) {
-      const size_t lo = n * i / chunks, hi = n * (i + 1) / chunks;
-      part[i] = kernels::sum_f32(a.data() + lo, hi - lo);
-    });
-    times.push_back(seconds_since(t0));
-    double total = 0;
-    for (double p : part) total += p;
-    if (total != static_cast<double>(n)) throw Error("The bandwidth probe summed the wrong value.");
+// Read bandwidth of a sum over an array far larger than the caches, split over the pool. The
+// array gets the KV store's memory treatment (huge pages advised), so the two compare fairly.
+class StreamProbe {
+ public:
+  explicit StreamProbe(size_t bytes) : n_(std::max<size_t>(bytes / sizeof(float), 1 << 20)) {
+    void* mem = mmap(nullptr, n_ * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) throw Error("The bandwidth probe could not allocate its array.");
+    madvise(mem, n_ * sizeof(float), MADV_HUGEPAGE);
+    a_ = static_cast<float*>(mem);
+    std::fill(a_, a_ + n_, 1.0f);
   }
-  return static_cast<double>(n * sizeof(float)) / median(times) / 1e9;
-}
+  ~StreamProbe() { munmap(a_, n_ * sizeof(float)); }
+  StreamProbe(const StreamProbe&) = delete;
+  StreamProbe& operator=(const StreamProbe&) = delete;
+
+  // GB/s of the median of `passes` full reads.
+  double gbps(kernels::ThreadPool& pool, int passes) {
+    constexpr size_t kChunks = 256;
+    std::vector<double> part(kChunks), times;
+    for (int rep = 0; rep < passes; ++rep) {
+      const auto t0 = Clock::now();
+      pool.run(kChunks, [&](size_t i) {
+        const size_t lo = n_ * i / kChunks, hi = n_ * (i + 1) / kChunks;
+        part[i] = kernels::sum_f32(a_ + lo, hi - lo);
+      });
+      times.push_back(seconds_since(t0));
+      double total = 0;
+      for (double p : part) total += p;
+      if (total != static_cast<double>(n_)) throw Error("The bandwidth probe summed the wrong value.");
+    }
+    return static_cast<double>(n_ * sizeof(float)) / median(times) / 1e9;
+  }
+
+ private:
+  size_t n_;  // floats
+  float* a_ = nullptr;
+};
 
 struct CaseResult {
   bool ran = false;
@@ -222,10 +242,10 @@ int bench_attention_main(int argc, char** argv) {
   BenchOptions o;
   if (!parse_options(argc, argv, o)) return 0;
   kernels::ThreadPool pool(o.threads);
-  const double stream = stream_gbps(pool, o.stream_bytes);
+  StreamProbe probe(o.stream_bytes);
   if (!o.json) {
-    std::printf("threads %d, kv heads %d, block %d tokens; stream read bandwidth %.1f GB/s\n", o.threads,
-                o.kv_heads, o.block_tokens, stream);
+    std::printf("threads %d, kv heads %d, block %d tokens; stream read bandwidth %.1f GB/s (re-measured per case)\n",
+                o.threads, o.kv_heads, o.block_tokens, probe.gbps(pool, 7));
     std::printf("%-5s %4s %4s %6s %6s %9s %8s %7s %6s %12s\n", "kv", "hd", "gqa", "ctx", "batch",
                 "KV MiB", "GB/s", "stream", "ratio", "tokens/s");
   }
@@ -240,6 +260,8 @@ int bench_attention_main(int argc, char** argv) {
               ++skipped;
               continue;
             }
+            // Measured next to each case, so background load drifting during a run hits both.
+            const double stream = probe.gbps(pool, 3);
             const double gbps = r.kv_bytes / r.seconds / 1e9;
             const double tps = batch / r.seconds;
             if (o.json) {

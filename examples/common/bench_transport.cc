@@ -48,6 +48,9 @@ struct Options {
   int reps = 0;  // 0: enough for about 512 MiB per size, at least 5
   int small_kb = 4;
   int small_reps = 2000;
+  // CAF settings to try against the project's (configure_caf / configure_network); -1 keeps them.
+  int mm_workers = -1;     // middleman.workers: BASP deserialization threads
+  int poll_attempts = -1;  // work-stealing.aggressive-poll-attempts
 };
 
 std::vector<int> parse_sizes(const std::string& text) {
@@ -79,7 +82,11 @@ bool parse_options(int argc, char** argv, Options& o) {
       ("sizes", po::value<std::string>()->default_value("1,4,16,64"), "payload sizes in MiB")
       ("reps", po::value<int>(&o.reps)->default_value(0), "transfers per size and path (0: auto)")
       ("small-kb", po::value<int>(&o.small_kb)->default_value(4), "small payload in KiB")
-      ("small-reps", po::value<int>(&o.small_reps)->default_value(2000), "small round trips per path");
+      ("small-reps", po::value<int>(&o.small_reps)->default_value(2000), "small round trips per path")
+      ("mm-workers", po::value<int>(&o.mm_workers)->default_value(-1),
+       "override middleman.workers in both processes (-1: the project's setting)")
+      ("poll-attempts", po::value<int>(&o.poll_attempts)->default_value(-1),
+       "override work-stealing.aggressive-poll-attempts in both processes (-1: the project's)");
   po::options_description hidden;
   hidden.add_options()("serve", po::bool_switch(&o.serve), "");
   po::options_description all;
@@ -101,6 +108,15 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.reps < 0 || o.small_kb < 1 || o.small_reps < 1)
     throw Error("--reps must not be negative, --small-kb and --small-reps must be positive.");
   return true;
+}
+
+// The project's CAF configuration, with the overrides of the command line.
+void configure(caf::actor_system_config& cfg, const Options& o) {
+  configure_caf(cfg, 2);
+  configure_network(cfg, std::chrono::seconds(60));
+  if (o.mm_workers >= 0) cfg.set("middleman.workers", static_cast<size_t>(o.mm_workers));
+  if (o.poll_attempts >= 0)
+    cfg.set("work-stealing.aggressive-poll-attempts", static_cast<size_t>(o.poll_attempts));
 }
 
 double median(std::vector<double> v) {
@@ -216,10 +232,9 @@ shard_actor::behavior_type sink_behavior(shard_actor::pointer) {
 
 // `--serve`: publishes the sink and a TCP listener on loopback, prints both ports on stdout,
 // and serves until stdin closes (the parent exits or is done).
-int serve_main() {
+int serve_main(const Options& o) {
   caf::actor_system_config cfg;
-  configure_caf(cfg, 2);
-  configure_network(cfg, std::chrono::seconds(60));
+  configure(cfg, o);
   caf::actor_system sys{cfg};
   auto sink = sys.spawn(sink_behavior);
   auto port = sys.middleman().publish(sink, 0, "127.0.0.1", true);
@@ -247,7 +262,8 @@ struct Server {
 };
 
 // fork + exec of this binary with --serve; reads the two ports it prints.
-Server start_server() {
+Server start_server(const Options& o) {
+  const std::string workers = std::to_string(o.mm_workers), polls = std::to_string(o.poll_attempts);
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0)
     throw Error(std::string("cannot create pipes: ") + std::strerror(errno));
@@ -257,7 +273,8 @@ Server start_server() {
     ::dup2(in[0], 0);
     ::dup2(out[1], 1);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the benchmark
-    ::execl("/proc/self/exe", "fastdecode-bench", "transport", "--serve", static_cast<char*>(nullptr));
+    ::execl("/proc/self/exe", "fastdecode-bench", "transport", "--serve", "--mm-workers",
+            workers.c_str(), "--poll-attempts", polls.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(in[0]);
@@ -372,12 +389,11 @@ Timings measure(Paths& paths, const std::vector<char>& payload, int32_t mode, in
 }
 
 int run(const Options& o) {
-  Server server = start_server();  // before any thread of this process exists
+  Server server = start_server(o);  // before any thread of this process exists
   int rc = 0;
   try {
     caf::actor_system_config cfg;
-    configure_caf(cfg, 2);
-    configure_network(cfg, std::chrono::seconds(60));
+    configure(cfg, o);
     caf::actor_system sys{cfg};
     {
       Paths paths(sys, server);
@@ -442,7 +458,7 @@ int run(const Options& o) {
 int bench_transport_main(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, o)) return 0;
-  if (o.serve) return serve_main();
+  if (o.serve) return serve_main(o);
   return run(o);
 }
 

@@ -1,6 +1,7 @@
 #include "examples/common/client_connection.h"
 
 #include "actors/gatekeeper.h"
+#include "actors/system.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "examples/common/node_options.h"
@@ -21,6 +22,15 @@ std::string reason(caf::actor_system& sys, const caf::error& e) {
 }
 
 }  // namespace
+
+void configure_client(caf::actor_system_config& cfg) {
+  configure_caf(cfg, 2);
+  // Idle workers go straight to sleeping on a condition variable, which a new job signals.
+  cfg.set("work-stealing.aggressive-poll-attempts", 1);
+  cfg.set("work-stealing.moderate-poll-attempts", 1);
+  cfg.set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(10)});
+  configure_network(cfg, std::chrono::seconds(3));  // a silent node is declared lost after 3 s
+}
 
 ClientConnection connect_client(caf::actor_system& sys, const std::string& where,
                                 const std::string& token, caf::timespan timeout) {

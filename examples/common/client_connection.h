@@ -5,6 +5,7 @@
 
 #include "actors/type_ids.h"
 #include "caf/actor_system.hpp"
+#include "caf/actor_system_config.hpp"
 #include "runtime/error.h"
 #include "runtime/tokenizer.h"
 
@@ -22,6 +23,11 @@ struct ClientConnection {
   gatekeeper_actor gate;
   scheduler_actor scheduler;
 };
+
+// Actor-system settings of a client: the nodes' message types and network settings, but idle
+// workers that sleep instead of polling (a console polling every few microseconds takes CPU
+// from a node sharing its machine).
+void configure_client(caf::actor_system_config& cfg);
 
 // Throws ClientRefused when the node refuses the secret or version, fd::Error when it cannot be
 // reached or does not answer within `timeout`.

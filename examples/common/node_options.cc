@@ -64,7 +64,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   std::vector<std::string> prompts;
   std::string prompts_file, kv_memory = "1GiB";
   double timeout_s = 60, shard_wait_s = 30;
-  std::string schedule = "continuous";
+  std::string schedule = "continuous", kv_dtype = "f16";
   po::options_description desc("fastdecode-node options");
   desc.add_options()
       ("help,h", "show this help")
@@ -102,7 +102,10 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("pipeline", po::value(&a.local.pipeline)->default_value(2),
        "mini-batches in flight: 2 overlaps the S-part of one with the R-part of the other")
       ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
-      ("threads", po::value(&a.threads)->default_value(2), "actor scheduler threads")
+      ("threads", po::value(&a.local.attn_threads)->default_value(0),
+       "attention threads of this node, shared by its shards (0: all cores)")
+      ("kv-dtype", po::value(&kv_dtype)->default_value("f16"), "KV-cache format: f16, int8 or int4")
+      ("caf-threads", po::value(&a.threads)->default_value(2), "actor scheduler threads")
       ("gemm-threads", po::value(&a.gemm_threads)->default_value(0),
        "BLAS threads of each CPU S-part call (0: cores / --pipeline; concurrent callers that "
        "oversubscribe the cores stall each other)")
@@ -151,7 +154,12 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (a.local.tensor_parallel > 1 || a.local.pipeline_parallel > 1) {
     if (a.local.backend == "auto") a.local.backend = "cpu";
   }
-  if (a.threads < 1) throw Error("--threads must be at least 1");
+  if (a.threads < 1) throw Error("--caf-threads must be at least 1");
+  if (a.local.attn_threads < 0) throw Error("--threads must be >= 0");
+  if (kv_dtype == "f16") a.local.kv_dtype = kernels::KvDtype::f16;
+  else if (kv_dtype == "int8") a.local.kv_dtype = kernels::KvDtype::q8;
+  else if (kv_dtype == "int4") a.local.kv_dtype = kernels::KvDtype::q4;
+  else throw Error("--kv-dtype must be f16, int8 or int4, not '" + kv_dtype + "'");
   if (a.gemm_threads < 0) throw Error("--gemm-threads must be >= 0");
   if (a.gemm_threads == 0)
     a.gemm_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /

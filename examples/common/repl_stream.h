@@ -29,9 +29,10 @@ class ReplClient {
   ReplClient(caf::actor_system& sys, scheduler_actor scheduler, gatekeeper_actor gate,
              const Vocab& vocab, std::string where, caf::timespan silence_limit);
 
-  // Generates a completion of `prompt`, writing the prompt and then each token's text to `out`
-  // (terminal_safe) as it arrives. `should_cancel` is polled about every 50 ms; once it says yes the request is
-  // cancelled on the node and the call returns when the node confirms. Throws ConnectionLost.
+  // Generates a completion of `prompt`, writing the prompt and then each token's text
+  // (terminal_safe) to `out` as it arrives. `should_cancel` is polled about every 50 ms; once it
+  // says yes the request is cancelled on the node and the call returns when the node confirms.
+  // Throws ConnectionLost.
   AnswerStats generate(const std::string& prompt, const ReplSettings& s, std::FILE* out,
                        const std::function<bool()>& should_cancel);
 

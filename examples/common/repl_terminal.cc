@@ -11,7 +11,6 @@
 #include <memory>
 #include <optional>
 
-#include "actors/system.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "examples/common/client_connection.h"
@@ -22,7 +21,6 @@
 namespace fd {
 namespace {
 
-constexpr auto kConnectionTimeout = std::chrono::seconds(3);  // silent peer: declared dead
 constexpr auto kRequestTimeout = std::chrono::seconds(10);    // hello and vocabulary
 
 enum class LineKind { text, interrupted, eof };
@@ -58,11 +56,12 @@ bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std:
 int run_repl(const ReplArgs& args) {
   StopSignals signals;  // before the actor system: its threads inherit the blocked mask
   // Ctrl-C interrupts readline() and, during a generation, waits for StopSignals::poll(). SIGTERM
-  // keeps its default action: it ends the REPL (libedit restores the terminal first).
+  // gets its default action back: it ends the REPL at once (at the prompt libedit restores the
+  // terminal first; during a generation the node cancels the sequence of a client that is gone).
   forward_signals_to_main_thread({SIGINT});
+  std::signal(SIGTERM, SIG_DFL);
   caf::actor_system_config cfg;
-  configure_caf(cfg, 2);
-  configure_network(cfg, kConnectionTimeout);
+  configure_client(cfg);
   caf::actor_system sys{cfg};
   const ClientConnection conn = connect_client(sys, args.connect, args.token, kRequestTimeout);
   const Vocab vocab = fetch_vocab(sys, conn, kRequestTimeout);

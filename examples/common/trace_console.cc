@@ -2,15 +2,12 @@
 
 #include <unistd.h>
 
-#include <csignal>
 #include <cstdio>
 #include <memory>
 
-#include "actors/system.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "examples/common/client_connection.h"
-#include "examples/common/client_signals.h"
 #include "examples/common/stop_signals.h"
 #include "examples/common/trace_record.h"
 #include "examples/common/trace_view.h"
@@ -20,19 +17,16 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-constexpr auto kConnectionTimeout = std::chrono::seconds(3);
 constexpr auto kRequestTimeout = std::chrono::seconds(10);
 
 }  // namespace
 
 int run_trace(const TraceArgs& args) {
-  StopSignals signals;  // before the actor system: its threads inherit the blocked mask
-  forward_signals_to_main_thread({SIGINT, SIGTERM});
+  StopSignals signals;  // before the actor system: SIGINT/SIGTERM reach only poll()
   std::unique_ptr<ChromeTraceWriter> rec;
   if (!args.record.empty()) rec = std::make_unique<ChromeTraceWriter>(args.record);
   caf::actor_system_config cfg;
-  configure_caf(cfg, 2);
-  configure_network(cfg, kConnectionTimeout);
+  configure_client(cfg);
   caf::actor_system sys{cfg};
   const ClientConnection conn = connect_client(sys, args.connect, args.token, kRequestTimeout);
   caf::scoped_actor self{sys};

@@ -101,6 +101,7 @@ wait_log() {
   local name=$1 re=$2 limit=$3 t=0
   until grep -Eq -- "$re" "$WORK/$name.err"; do
     ((t >= limit * 10)) && fail "$name did not print /$re/ within $limit s"
+    running "$name" || grep -Eq -- "$re" "$WORK/$name.err" || fail "$name exited without printing /$re/"
     sleep 0.1
     t=$((t + 1))
   done

@@ -135,7 +135,7 @@ TM send-keys -t "$SESSION" C-d
 wait_pane "^REPL-EXIT=0$" 10
 log "stories260K: greedy text, /temp, /seed, /stats, Ctrl-C at the prompt, Ctrl-D: ok"
 
-# --- a random model with a long context: streaming, cancel, node loss -------------------------------------
+# --- a random model with a long context: streaming, cancel, node loss -------------------------
 "$MKMODEL" --out "$WORK/slow.gguf" --layers 4 --dim 256 --heads 8 --kv-heads 2 --ff 768 \
   --vocab 512 --ctx 2048 --seed 4 >/dev/null || fail "fastdecode-mkmodel failed"
 start_cluster slow "$WORK/slow.gguf"

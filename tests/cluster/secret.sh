@@ -17,7 +17,7 @@ check_secret() {
   if [[ $how == flag ]]; then
     start "gpu-$tag" "${gpu[@]}" --token "s3cret-$tag"
   else
-    start "gpu-$tag" env FASTDECODE_TOKEN="s3cret-$tag" "${gpu[@]:2}"
+    start "gpu-$tag" env FASTDECODE_TOKEN="s3cret-$tag" "${gpu[@]:3}"
   fi
   wait_log "gpu-$tag" "serving" 30
   local cpu=("$NODE" --role cpu --join "127.0.0.1:$port" --shards 1)

@@ -55,9 +55,12 @@ wait_log gpu "shard cpu/shard-1 joined" 30
 
 # Three REPL clients (stdin from a pipe) keep the batch busy while the console records.
 for i in 1 2 3; do
-  for j in $(seq 1 40); do echo "Once upon a time there was a dog number $i $j"; done >"$WORK/p$i.txt"
+  for j in $(seq 1 40); do
+    echo "Once upon a time there was a dog number $i $j"
+  done >"$WORK/p$i.txt"
 done
-start trace "$TRACE" --connect "127.0.0.1:$PORT" --record "$WORK/out.json" --duration 4 --refresh 0.5
+start trace "$TRACE" --connect "127.0.0.1:$PORT" --record "$WORK/out.json" --duration 4 \
+  --refresh 0.5
 sleep 0.5
 for i in 1 2 3; do
   start "repl$i" bash -c "exec '$REPL' --connect 127.0.0.1:$PORT -n 100 --seed $i <'$WORK/p$i.txt'"
@@ -74,7 +77,8 @@ done
 # The live view (plain text, stdout is a file) showed the pipeline at work.
 grep -Eq "^tokens/s [1-9][0-9.]*   steps/s [1-9]" "$WORK/trace.out" ||
   fail "the live view never showed tokens/s and steps/s"
-grep -Eq "^  mini_batch-[0-9]+ +step: " "$WORK/trace.out" || fail "the live view lacks mini-batch steps"
+grep -Eq "^  mini_batch-[0-9]+ +step: " "$WORK/trace.out" ||
+  fail "the live view lacks mini-batch steps"
 for i in 1 2 3; do
   finish "repl$i" 60
   [[ $RC -eq 0 ]] || fail "REPL client $i exited with $RC"

@@ -1,0 +1,413 @@
+#include "examples/common/bench_schedule.h"
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "caf/all.hpp"
+#include "examples/common/json.h"
+#include "runtime/error.h"
+#include "runtime/load_control.h"
+
+namespace po = boost::program_options;
+
+namespace fd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Collected {
+  std::mutex mu;
+  std::vector<trace_event> events;
+};
+
+trace_sink::behavior_type collector(trace_sink::pointer, std::shared_ptr<Collected> out) {
+  return {[out](trace_batch& b) {
+    std::lock_guard<std::mutex> lock(out->mu);
+    for (auto& e : b.events) out->events.push_back(std::move(e));
+  }};
+}
+
+size_t event_count(Collected& c) {
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.events.size();
+}
+
+double arg(const trace_event& e, const char* name) {
+  for (size_t i = 0; i < e.arg_names.size() && i < e.arg_values.size(); ++i)
+    if (e.arg_names[i] == name) return e.arg_values[i];
+  return 0;
+}
+
+// Total length of the union of [t0, t1) intervals clipped to [lo, hi), in the intervals' unit.
+double union_length(std::vector<std::pair<int64_t, int64_t>> iv, int64_t lo, int64_t hi) {
+  std::sort(iv.begin(), iv.end());
+  double total = 0;
+  int64_t cur0 = 0, cur1 = INT64_MIN;
+  for (auto [a, b] : iv) {
+    a = std::max(a, lo);
+    b = std::min(b, hi);
+    if (b <= a) continue;
+    if (a > cur1) {
+      if (cur1 > cur0) total += double(cur1 - cur0);
+      cur0 = a;
+      cur1 = b;
+    } else {
+      cur1 = std::max(cur1, b);
+    }
+  }
+  if (cur1 > cur0) total += double(cur1 - cur0);
+  return total;
+}
+
+void collect_steps(const std::vector<trace_event>& events, ScheduleRunResult& run) {
+  std::vector<const trace_event*> steps;
+  std::vector<std::pair<int64_t, int64_t>> s_iv, r_iv;
+  for (const trace_event& e : events) {
+    if (e.ph != 'X') continue;
+    if (e.kind == "mini_batch" && e.name == "step") steps.push_back(&e);
+    if (e.kind == "gpu_stream" && e.name == "S") s_iv.emplace_back(e.ts_us, e.ts_us + e.dur_us);
+    if (e.kind == "shard" && e.name == "R") r_iv.emplace_back(e.ts_us, e.ts_us + e.dur_us);
+  }
+  if (steps.empty()) return;
+  std::stable_sort(steps.begin(), steps.end(),
+                   [](const trace_event* a, const trace_event* b) { return a->ts_us < b->ts_us; });
+  int64_t lo = steps.front()->ts_us, hi = lo;
+  std::vector<int64_t> next_step;  // [minis] the next step number of each mini-batch
+  for (const trace_event* e : steps) {
+    ScheduleStep s;
+    const std::string prefix = "mini_batch-";
+    s.mini = e->track.rfind(prefix, 0) == 0 ? std::atoi(e->track.c_str() + prefix.size()) : 0;
+    if (next_step.size() <= size_t(s.mini)) next_step.resize(s.mini + 1, 0);
+    s.step = next_step[s.mini]++;
+    s.t0_ms = double(e->ts_us - lo) / 1e3;
+    s.latency_ms = double(e->dur_us) / 1e3;
+    s.s_ms = arg(*e, "s_ms");
+    s.r_ms = arg(*e, "r_ms");
+    s.load = int64_t(arg(*e, "kv_tokens"));
+    s.seqs = int(arg(*e, "seqs"));
+    s.rows = int(arg(*e, "rows"));
+    hi = std::max(hi, e->ts_us + e->dur_us);
+    run.steps.push_back(s);
+  }
+  run.window_ms = double(hi - lo) / 1e3;
+  run.s_busy_ms = union_length(std::move(s_iv), lo, hi) / 1e3;
+  run.r_busy_ms = union_length(std::move(r_iv), lo, hi) / 1e3;
+}
+
+}  // namespace
+
+ScheduleRunResult run_schedule(std::shared_ptr<const Model> model, const LocalOptions& opt,
+                               const std::vector<gen_request>& reqs, int threads) {
+  ScheduleRunResult run;
+  run.schedule = opt.scheduled ? schedule_name(opt.schedule.kind) : "continuous";
+  auto got = std::make_shared<Collected>();
+  {
+    caf::actor_system_config cfg;
+    configure_caf(cfg, threads);
+    caf::actor_system sys{cfg};
+    LocalOptions o = opt;
+    o.log = false;
+    LocalNode node = start_local_node(sys, model, o);
+    auto sink = sys.spawn(collector, got);
+    {
+      // The stats round trip returns after the subscription was handled, so every step traces.
+      caf::scoped_actor self{sys};
+      self->send(node.scheduler, subscribe_atom::value, sink);
+      self->request(node.scheduler, std::chrono::seconds(30), stats_atom::value)
+          .receive([](sched_stats&) {},
+                   [&](caf::error& e) { throw Error("the scheduler did not answer: " + sys.render(e)); });
+    }
+    const auto t0 = Clock::now();
+    run.results = generate(sys, node.scheduler, reqs, std::chrono::minutes(30));
+    run.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    // The last step's trace leaves its mini-batch after the answers; wait until nothing arrives.
+    for (size_t n = event_count(*got);;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const size_t m = event_count(*got);
+      if (m == n) break;
+      n = m;
+    }
+    caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+    stop_local_node(node);
+  }
+  for (const gen_result& r : run.results) run.generated += int64_t(r.tokens.size());
+  collect_steps(got->events, run);
+  return run;
+}
+
+ScheduleSummary summarize(const ScheduleRunResult& run) {
+  ScheduleSummary s;
+  double load_sum = 0;
+  for (const ScheduleStep& st : run.steps) {
+    s.peak_load = std::max(s.peak_load, st.load);
+    load_sum += double(st.load);
+    s.peak_step_ms = std::max(s.peak_step_ms, st.latency_ms);
+  }
+  if (!run.steps.empty()) s.mean_load = load_sum / double(run.steps.size());
+  if (run.wall_s > 0) s.tokens_per_s = double(run.generated) / run.wall_s;
+  if (run.window_ms > 0) {
+    s.s_idle_frac = std::max(0.0, 1 - run.s_busy_ms / run.window_ms);
+    s.r_idle_frac = std::max(0.0, 1 - run.r_busy_ms / run.window_ms);
+    // Each sequence of a step generates one token; the middle half leaves out warm-up and drain.
+    const double a = run.window_ms / 4, b = 3 * run.window_ms / 4;
+    double tokens = 0;
+    for (const ScheduleStep& st : run.steps)
+      if (st.t0_ms + st.latency_ms >= a && st.t0_ms + st.latency_ms < b) tokens += st.seqs;
+    s.steady_tokens_per_s = tokens / ((b - a) / 1e3);
+  }
+  return s;
+}
+
+namespace {
+
+struct Options {
+  bool json = false;
+  std::string out_dir = ".";
+  std::string sim_profile = "examples/profiles/a10-llama7b.txt";
+  std::string backend = "sim";
+  std::vector<std::string> schedules = {"large-batch", "sls", "load-control"};
+  int batch = 64, seq_len = 128, interval = 8, micro_batch = 0, pipeline = 1, shards = 2;
+  int64_t load_limit = 0;
+  int requests = 0;  // 0: 4·B per mini-batch
+  int dim = 4096, heads = 32, kv_heads = 32, ff = 11008, layers = 2, vocab = 512;
+  int threads = 2;
+  uint64_t seed = 1;
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+bool parse_options(int argc, char** argv, Options& o) {
+  std::string schedules = "large-batch,sls,load-control";
+  po::options_description desc("fastdecode-bench schedule [options]");
+  desc.add_options()("help,h", "this help")
+      ("json", po::bool_switch(&o.json), "one JSON object per schedule per line")
+      ("out-dir", po::value(&o.out_dir)->default_value(o.out_dir),
+       "where schedule_steps.csv, schedule_latency.svg and schedule_load.svg go")
+      ("schedules", po::value(&schedules)->default_value(schedules), "comma-separated schedules")
+      ("backend", po::value(&o.backend)->default_value(o.backend), "S-part: sim or cpu")
+      ("sim-profile", po::value(&o.sim_profile)->default_value(o.sim_profile), "T(B) profile")
+      ("batch", po::value(&o.batch)->default_value(o.batch), "B, sequences per mini-batch")
+      ("max-len", po::value(&o.seq_len)->default_value(o.seq_len), "S, tokens generated per request")
+      ("interval", po::value(&o.interval)->default_value(o.interval), "F, steps between micro-batches")
+      ("micro-batch", po::value(&o.micro_batch)->default_value(0), "M (0: B*F/S)")
+      ("load-limit", po::value(&o.load_limit)->default_value(0), "W_lim in tokens (0: B(S+F)/2)")
+      ("pipeline", po::value(&o.pipeline)->default_value(o.pipeline), "mini-batches in flight, 1 or 2")
+      ("requests", po::value(&o.requests)->default_value(0), "requests (0: 4*B*pipeline)")
+      ("shards", po::value(&o.shards)->default_value(o.shards), "R-worker shards")
+      ("dim", po::value(&o.dim)->default_value(o.dim), "random model: embedding width")
+      ("heads", po::value(&o.heads)->default_value(o.heads), "random model: query heads")
+      ("kv-heads", po::value(&o.kv_heads)->default_value(o.kv_heads), "random model: K/V heads")
+      ("ff", po::value(&o.ff)->default_value(o.ff), "random model: MLP width")
+      ("layers", po::value(&o.layers)->default_value(o.layers), "random model: layers")
+      ("vocab", po::value(&o.vocab)->default_value(o.vocab), "random model: vocabulary")
+      ("threads", po::value(&o.threads)->default_value(o.threads), "actor scheduler threads")
+      ("seed", po::value(&o.seed)->default_value(o.seed), "model and prompt seed");
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+  if (vm.count("help")) {
+    std::cout << desc;
+    return false;
+  }
+  po::notify(vm);
+  o.schedules = split(schedules);
+  if (o.schedules.empty()) throw Error("--schedules needs at least one schedule.");
+  if (o.pipeline < 1 || o.pipeline > 2) throw Error("--pipeline must be 1 or 2.");
+  if (o.batch < 1 || o.seq_len < 1 || o.interval < 1 || o.layers < 1 || o.shards < 1)
+    throw Error("--batch, --max-len, --interval, --layers and --shards must be positive.");
+  if (o.heads < 1 || o.kv_heads < 1 || o.dim % o.heads || o.heads % o.kv_heads)
+    throw Error("--dim must be a multiple of --heads, and --heads a multiple of --kv-heads.");
+  return true;
+}
+
+constexpr int kMaxPrompt = 8;
+
+std::vector<gen_request> make_requests(int n, int max_new, int vocab, int32_t bos, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<gen_request> out(n);
+  for (int i = 0; i < n; ++i) {
+    const int len = 2 + int(rng() % (kMaxPrompt - 1));  // 2..8 tokens
+    out[i].prompt.push_back(bos);
+    while (int(out[i].prompt.size()) < len) out[i].prompt.push_back(3 + int32_t(rng() % (vocab - 3)));
+    out[i].max_new = max_new;
+    out[i].tag = uint64_t(i);
+  }
+  return out;
+}
+
+const char* color_of(size_t i) {
+  static constexpr const char* kColors[] = {"#d62728", "#1f77b4", "#2ca02c", "#9467bd"};
+  return kColors[i % 4];
+}
+
+std::string fmt(double v, int prec = 1) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  return buf;
+}
+
+// Mini-batch 0's steps of each run: `value` against the step number, one polyline per schedule.
+template <class F>
+void write_svg(const std::string& path, const std::vector<ScheduleRunResult>& runs, F value,
+               const std::string& title, const std::string& y_label) {
+  const double W = 900, H = 440, ml = 70, mr = 150, mt = 40, mb = 50;
+  double xmax = 1, ymax = 0;
+  for (const auto& r : runs)
+    for (const auto& s : r.steps)
+      if (s.mini == 0) {
+        xmax = std::max(xmax, double(s.step));
+        ymax = std::max(ymax, value(s));
+      }
+  ymax = ymax > 0 ? ymax * 1.05 : 1;
+  auto X = [&](double x) { return ml + x / xmax * (W - ml - mr); };
+  auto Y = [&](double y) { return H - mb - y / ymax * (H - mt - mb); };
+  std::ofstream f(path);
+  if (!f) throw Error("cannot write " + path + ".");
+  f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << title
+    << "</text>\n";
+  f << "<line x1=\"" << ml << "\" y1=\"" << H - mb << "\" x2=\"" << W - mr << "\" y2=\"" << H - mb
+    << "\" stroke=\"black\"/>\n<line x1=\"" << ml << "\" y1=\"" << mt << "\" x2=\"" << ml
+    << "\" y2=\"" << H - mb << "\" stroke=\"black\"/>\n";
+  for (int i = 0; i <= 5; ++i) {
+    const double xv = xmax * i / 5, yv = ymax * i / 5;
+    f << "<line x1=\"" << X(xv) << "\" y1=\"" << H - mb << "\" x2=\"" << X(xv) << "\" y2=\""
+      << H - mb + 5 << "\" stroke=\"black\"/><text x=\"" << X(xv) << "\" y=\"" << H - mb + 18
+      << "\" text-anchor=\"middle\">" << fmt(xv, 0) << "</text>\n";
+    f << "<line x1=\"" << ml - 5 << "\" y1=\"" << Y(yv) << "\" x2=\"" << W - mr << "\" y2=\""
+      << Y(yv) << "\" stroke=\"#ddd\"/><text x=\"" << ml - 8 << "\" y=\"" << Y(yv) + 4
+      << "\" text-anchor=\"end\">" << fmt(yv, ymax < 10 ? 1 : 0) << "</text>\n";
+  }
+  f << "<text x=\"" << (ml + W - mr) / 2 << "\" y=\"" << H - 12
+    << "\" text-anchor=\"middle\">step (mini-batch 0)</text>\n"
+    << "<text transform=\"translate(18," << (mt + H - mb) / 2
+    << ") rotate(-90)\" text-anchor=\"middle\">" << y_label << "</text>\n";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    f << "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" << color_of(i) << "\" points=\"";
+    for (const auto& s : runs[i].steps)
+      if (s.mini == 0) f << fmt(X(double(s.step)), 1) << "," << fmt(Y(value(s)), 1) << " ";
+    f << "\"/>\n";
+    const double ly = mt + 10 + 20 * double(i);
+    f << "<line x1=\"" << W - mr + 15 << "\" y1=\"" << ly << "\" x2=\"" << W - mr + 40 << "\" y2=\""
+      << ly << "\" stroke=\"" << color_of(i) << "\" stroke-width=\"3\"/><text x=\"" << W - mr + 45
+      << "\" y=\"" << ly + 4 << "\">" << runs[i].schedule << "</text>\n";
+  }
+  f << "</svg>\n";
+}
+
+void write_csv(const std::string& path, const std::vector<ScheduleRunResult>& runs) {
+  std::ofstream f(path);
+  if (!f) throw Error("cannot write " + path + ".");
+  f << "step,schedule,mini,latency_ms,s_ms,r_ms,load,seqs,rows\n";
+  for (const auto& r : runs)
+    for (const auto& s : r.steps)
+      f << s.step << "," << r.schedule << "," << s.mini << "," << fmt(s.latency_ms, 3) << ","
+        << fmt(s.s_ms, 3) << "," << fmt(s.r_ms, 3) << "," << s.load << "," << s.seqs << ","
+        << s.rows << "\n";
+}
+
+}  // namespace
+
+int bench_schedule_main(int argc, char** argv) {
+  Options o;
+  if (!parse_options(argc, argv, o)) return 0;
+  ModelConfig mc;
+  mc.n_layers = o.layers;
+  mc.dim = o.dim;
+  mc.n_heads = o.heads;
+  mc.n_kv_heads = o.kv_heads;
+  mc.head_dim = o.dim / o.heads;
+  mc.ff = o.ff;
+  mc.vocab = o.vocab;
+  mc.ctx = kMaxPrompt + o.seq_len + 1;
+  auto model = std::make_shared<Model>(make_random_model(mc, o.seed));
+  // Every request runs its S steps, as in the paper's model: no token ends a sequence early.
+  model->vocab.eos = -1;
+
+  LocalOptions base;
+  base.backend = o.backend;
+  base.sim_profile = o.sim_profile;
+  base.shards = o.shards;
+  base.pipeline = o.pipeline;
+  base.scheduled = true;
+  base.schedule.batch = o.batch;
+  base.schedule.seq_len = o.seq_len;
+  base.schedule.interval = o.interval;
+  base.schedule.micro_batch = o.micro_batch;
+  base.schedule.load_limit = o.load_limit;
+  base.max_batch = std::max(base.max_batch, o.batch * o.pipeline);
+  // Room for B sequences of the longest length per mini-batch, in 16-token pages, twice over.
+  const size_t token_bytes = size_t(mc.n_layers) * 2 * mc.kv_width() * sizeof(uint16_t);
+  const size_t seq_tokens = size_t((kMaxPrompt + o.seq_len) / base.block_tokens + 2) * base.block_tokens;
+  base.kv_memory = std::max<size_t>(
+      size_t(64) << 20, 2 * size_t(o.batch) * o.pipeline * seq_tokens * token_bytes / o.shards);
+
+  const int n = o.requests > 0 ? o.requests : 4 * o.batch * o.pipeline;
+  const auto reqs = make_requests(n, o.seq_len, mc.vocab, model->vocab.bos, o.seed);
+
+  std::vector<ScheduleRunResult> runs;
+  for (const std::string& name : o.schedules) {
+    LocalOptions opt = base;
+    if (!parse_schedule(name, &opt.schedule.kind))
+      throw Error("--schedules takes large-batch, sls or load-control, not '" + name + "'.");
+    opt.schedule = resolve_schedule(opt.schedule);
+    ScheduleRunResult run = run_schedule(model, opt, reqs, o.threads);
+    for (const gen_result& r : run.results)
+      if (!r.error.empty()) throw Error("a request failed under " + name + ": " + r.error);
+    const ScheduleSummary s = summarize(run);
+    if (o.json) {
+      JsonLine j;
+      j.add("schedule", run.schedule)
+          .add("batch", int64_t(o.batch))
+          .add("seq_len", int64_t(o.seq_len))
+          .add("interval", int64_t(o.interval))
+          .add("pipeline", int64_t(o.pipeline))
+          .add("requests", int64_t(n))
+          .add("steps", int64_t(run.steps.size()))
+          .add("peak_load", s.peak_load)
+          .add("mean_load", s.mean_load)
+          .add("peak_step_ms", s.peak_step_ms)
+          .add("tokens_per_s", s.tokens_per_s)
+          .add("steady_tokens_per_s", s.steady_tokens_per_s)
+          .add("s_idle_frac", s.s_idle_frac)
+          .add("r_idle_frac", s.r_idle_frac)
+          .add("wall_s", run.wall_s);
+      std::cout << j.str() << std::endl;
+    } else {
+      std::printf("%-13s steps %5zu  peak W %7lld  mean W %9.1f  peak step %7.2f ms  %8.1f tok/s "
+                  "(steady %8.1f)  S idle %5.1f%%  R idle %5.1f%%  wall %.1f s\n",
+                  run.schedule.c_str(), run.steps.size(), static_cast<long long>(s.peak_load),
+                  s.mean_load, s.peak_step_ms, s.tokens_per_s, s.steady_tokens_per_s,
+                  100 * s.s_idle_frac, 100 * s.r_idle_frac, run.wall_s);
+      std::fflush(stdout);
+    }
+    runs.push_back(std::move(run));
+  }
+  write_csv(o.out_dir + "/schedule_steps.csv", runs);
+  write_svg(o.out_dir + "/schedule_latency.svg", runs,
+            [](const ScheduleStep& s) { return s.latency_ms; }, "Latency at each step", "ms");
+  write_svg(o.out_dir + "/schedule_load.svg", runs,
+            [](const ScheduleStep& s) { return double(s.load); }, "R-part load W at each step",
+            "tokens");
+  if (!o.json)
+    std::printf("wrote %s/schedule_steps.csv, schedule_latency.svg, schedule_load.svg\n",
+                o.out_dir.c_str());
+  return 0;
+}
+
+}  // namespace fd
