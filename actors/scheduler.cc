@@ -58,6 +58,7 @@ struct SchedState {
   std::vector<Leave> leaves;
   std::vector<Replace> replaces;
   bool said_waiting = false;
+  bool admit_pending = false;  // a deferred admission into an idle mini-batch is on its way
   std::vector<trace_sink> subscribers;  // tracing consoles
   std::ostream no_log{nullptr};
   static inline const char* name = "scheduler";
@@ -421,7 +422,14 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         auto promise = l.promise;
         st.live.emplace(id, std::move(l));
         st.queue.push_back(id);
-        admit_queued(self);
+        if (!st.cfg.scheduled) {
+          admit_queued(self);
+        } else if (!st.admit_pending) {
+          // Under a schedule, an idle mini-batch starts once the requests already in the mailbox
+          // (a burst sent together) are queued too, so its first batch is not just the first one.
+          st.admit_pending = true;
+          self->send(self, step_atom::value, int32_t{-1});
+        }
         return promise;
       },
       [self](seq_done& done) {
@@ -452,6 +460,10 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
       },
       [self](step_atom, int32_t mini) {
         auto& st = self->state;
+        if (mini == -1) {
+          st.admit_pending = false;
+          return admit_queued(self);
+        }
         if (mini < 0 || static_cast<size_t>(mini) >= st.minis.size()) return;
         ++st.mini_step[mini];
         if (st.cfg.scheduled) admit_queued(self, mini);

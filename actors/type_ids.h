@@ -120,7 +120,7 @@ using scheduler_actor = caf::typed_actor<
     caf::reacts_to<lost_atom, int32_t>,                              // a shard stopped answering
     caf::replies_to<stats_atom>::with<sched_stats>,                  // shards, queue, live
     caf::reacts_to<trace_batch>,                                     // events from a mini-batch
-    caf::reacts_to<step_atom, int32_t>,                              // a mini-batch ended a step
+    caf::reacts_to<step_atom, int32_t>,                              // a mini-batch ended a step (-1: admit)
     caf::reacts_to<cancel_atom, uint64_t>,                           // the sender's request tag
     caf::reacts_to<subscribe_atom, trace_sink>,                      // stream trace events to it
     caf::reacts_to<tick_atom>>;                                      // expire waiting work

@@ -112,26 +112,7 @@ class CpuBackend : public SPartBackend {
   // Checks a step's tokens, positions and logit rows and sizes the buffers for its rows.
   void begin_step(CpuState& s, const StepInput& in) const {
     const int rows = static_cast<int>(in.tokens.size());
-    if (in.pos.size() != in.tokens.size()) {
-      throw Error("A step needs one position per token, got " + std::to_string(in.pos.size()) +
-                  " positions for " + std::to_string(rows) + " tokens.");
-    }
-    for (int r = 0; r < rows; ++r) {
-      if (in.tokens[r] < 0 || in.tokens[r] >= c_.vocab) {
-        throw Error("Token id " + std::to_string(in.tokens[r]) + " is outside the vocabulary of " +
-                    std::to_string(c_.vocab) + " tokens.");
-      }
-      if (in.pos[r] < 0 || (c_.ctx > 0 && in.pos[r] >= c_.ctx)) {
-        throw Error("Token position " + std::to_string(in.pos[r]) +
-                    " is outside the model's context of " + std::to_string(c_.ctx) + " tokens.");
-      }
-    }
-    for (int32_t r : in.logit_rows) {
-      if (r < 0 || r >= rows) {
-        throw Error("Logit row " + std::to_string(r) + " is not a row of this step of " +
-                    std::to_string(rows) + " tokens.");
-      }
-    }
+    check_step(c_, in);
     s.rows = rows;
     s.pos = in.pos;
     s.logit_rows = in.logit_rows;

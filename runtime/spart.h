@@ -61,6 +61,11 @@ class SPartBackend {
   }
 };
 
+// Throws fd::Error unless every token is in the vocabulary, every position inside the context,
+// there is one position per token and every logit row is a row of the step. Every backend
+// checks its steps with it.
+void check_step(const ModelConfig& cfg, const StepInput& in);
+
 // The CPU backend over a host model; the model must outlive it.
 std::unique_ptr<SPartBackend> make_cpu_backend(const Model& model);
 

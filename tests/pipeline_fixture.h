@@ -14,7 +14,8 @@ struct PipelineRun {
 
 inline std::vector<fd::gen_result> run_pipeline(std::shared_ptr<const fd::Model> model,
                                                 const std::vector<fd::gen_request>& reqs,
-                                                int shards) {
+                                                int shards,
+                                                fd::kernels::KvDtype kv = fd::kernels::KvDtype::f16) {
   fd::kernels::set_gemm_threads(1);  // two mini-batches call BLAS at once
   caf::actor_system_config cfg;
   fd::configure_caf(cfg, 2);
@@ -23,6 +24,7 @@ inline std::vector<fd::gen_result> run_pipeline(std::shared_ptr<const fd::Model>
   opt.shards = shards;
   opt.log = false;
   opt.kv_memory = size_t(256) << 20;
+  opt.kv_dtype = kv;
   fd::LocalNode node = fd::start_local_node(sys, model, opt);
   auto out = fd::generate(sys, node.scheduler, reqs, std::chrono::minutes(10));
   fd::stop_local_node(node);

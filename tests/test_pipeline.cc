@@ -134,6 +134,21 @@ TEST_CASE("golden greedy text of stories260K through the actor pipeline", "[pipe
   CHECK(text.substr(0, golden.size()) == golden);
 }
 
+TEST_CASE("stories260K keeps its golden greedy text with an int8 KV-cache", "[pipeline]") {
+  auto model = stories();
+  fd::Tokenizer tok(model->vocab);
+  fd::gen_request r;
+  r.prompt = tok.encode("Once upon a time", true);
+  r.max_new = 40;
+  r.temperature = 0;
+  auto res = run_pipeline(model, {r}, 2, fd::kernels::KvDtype::q8);
+  REQUIRE(res[0].error == "");
+  const std::string text = "Once upon a time" + tok.decode(res[0].tokens);
+  CHECK(text.substr(0, 126) ==
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "park. One day, she saw a big, red ball.");
+}
+
 TEST_CASE("pipeline matches the reference on stories260K", "[pipeline]") {
   auto model = stories();
   for (int n : {1, 5, 33})
