@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "temp_files.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_writer.h"
 #include "runtime/model.h"
@@ -27,41 +28,14 @@ using fd::ModelConfig;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = fs::temp_directory_path() /
-            ("fd-test-model-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
+// Each TempDir of this file is named after it.
+struct TempDir : testing_files::TempDir {
+  TempDir() : testing_files::TempDir("model") {}
 };
-
-using Bytes = std::vector<uint8_t>;
-
-Bytes read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return Bytes(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const Bytes& b) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
-size_t find_bytes(const Bytes& b, const std::string& s) {
-  auto it = std::search(b.begin(), b.end(), s.begin(), s.end());
-  REQUIRE(it != b.end());
-  return static_cast<size_t>(it - b.begin());
-}
+using testing_files::Bytes;
+using testing_files::find_bytes;
+using testing_files::read_bytes;
+using testing_files::write_bytes;
 
 // Offset of the value of metadata key (encoded as length, bytes, value type).
 size_t kv_value_offset(const Bytes& b, const std::string& key, fd::GgufType type) {
