@@ -11,8 +11,16 @@
 #include "runtime/spart.h"
 #include "runtime/tokenizer.h"
 #include "tests/reference_model.h"
+#include "tests/test_models.h"
 
 namespace {
+using test_models::first_argmax;
+using test_models::top2_gap;
+
+fd::ModelConfig config(int n_layers, int dim, int n_heads, int n_kv_heads, int ff, int vocab) {
+  return test_models::config(n_layers, dim, n_heads, n_kv_heads, ff, vocab, 64);
+}
+using test_models::random_prompts;
 
 // Backend and reference differ in fp32 summation order (BLAS blocking vs one double sum): an
 // error of ~sqrt(k)*2^-24 of sum|terms| per dot product, i.e. ~k*2^-24 = 3e-5 of a logit for
@@ -21,24 +29,6 @@ namespace {
 // straddle a rounding midpoint; such a flip moved stories260K logits by up to 1.2e-4 of their max.
 // 5e-4 of the logits' max abs covers both with margin; real bugs make O(1) errors.
 constexpr float kRelTol = 5e-4f;
-
-int first_argmax(const float* l, int n) {
-  return static_cast<int>(std::max_element(l, l + n) - l);
-}
-
-// Gap between the largest and second largest logit.
-float top2_gap(const float* l, int n) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int i = 0; i < n; ++i) {
-    if (l[i] > a) {
-      b = a;
-      a = l[i];
-    } else if (l[i] > b) {
-      b = l[i];
-    }
-  }
-  return a - b;
-}
 
 struct Stats {
   int logit_rows = 0;
@@ -105,16 +95,8 @@ Stats compare_with_reference(const fd::Model& model, const std::vector<std::vect
   std::vector<float> o, logits;
 
   for (int step = 0; step <= n_decode; ++step) {
-    fd::StepInput in;
     std::vector<int> row_seq;
-    for (int s = 0; s < n_seq; ++s) {
-      for (size_t i = 0; i < feed[s].size(); ++i) {
-        in.tokens.push_back(feed[s][i]);
-        in.pos.push_back(len[s] + static_cast<int>(i));
-        row_seq.push_back(s);
-      }
-      in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size()) - 1);
-    }
+    const fd::StepInput in = test_models::feed_step(feed, len, row_seq);
     const int rows = static_cast<int>(in.tokens.size());
     backend->embed(*state, in);
     for (int l = 0; l < c.n_layers; ++l) {
@@ -145,7 +127,6 @@ Stats compare_with_reference(const fd::Model& model, const std::vector<std::vect
     for (int s = 0; s < n_seq; ++s) {
       std::vector<float> want;
       for (int32_t t : feed[s]) want = ref.forward(s, t);
-      len[s] += static_cast<int>(feed[s].size());
       const float* got = logits.data() + static_cast<size_t>(s) * c.vocab;
       float max_abs = 0.0f, max_err = 0.0f;
       for (int i = 0; i < c.vocab; ++i) {
@@ -177,33 +158,8 @@ Stats compare_with_reference(const fd::Model& model, const std::vector<std::vect
   return stats;
 }
 
-std::vector<std::vector<int32_t>> random_prompts(const std::vector<int>& lengths, int vocab,
-                                                 uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(3, vocab - 1);
-  std::vector<std::vector<int32_t>> out;
-  for (int n : lengths) {
-    std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int32_t& t : p) t = tok(rng);
-    out.push_back(p);
-  }
-  return out;
-}
 
-fd::ModelConfig config(int n_layers, int dim, int n_heads, int n_kv_heads, int ff, int vocab) {
-  fd::ModelConfig c;
-  c.n_layers = n_layers;
-  c.dim = dim;
-  c.n_heads = n_heads;
-  c.n_kv_heads = n_kv_heads;
-  c.head_dim = dim / n_heads;
-  c.ff = ff;
-  c.vocab = vocab;
-  c.ctx = 64;
-  return c;
-}
 
-std::string shared_model() { return std::string(FD_SHARED_DIR) + "/models/stories260K.gguf"; }
 
 }  // namespace
 
@@ -223,7 +179,7 @@ TEST_CASE("CPU backend matches the reference with head_dim 128 and 4:1 GQA", "[b
 }
 
 TEST_CASE("CPU backend matches the reference on stories260K", "[backend]") {
-  const fd::Model m = fd::load_model(shared_model());
+  const fd::Model m = fd::load_model(test_models::stories_path());
   const Stats st = compare_with_reference(m, {{1, 403, 407}, {1}, {1, 263, 13, 42, 99, 300}}, 12);
   REQUIRE(st.logit_rows == 3 * 13);
   REQUIRE(st.greedy_compared >= st.logit_rows * 3 / 4);
@@ -253,7 +209,7 @@ TEST_CASE("CPU backend rejects malformed steps", "[backend]") {
 }
 
 TEST_CASE("reference model greedily tells the stories260K golden story", "[backend][reference]") {
-  const fd::Model m = fd::load_model(shared_model());
+  const fd::Model m = fd::load_model(test_models::stories_path());
   const fd::Tokenizer tok(m.vocab);
   const std::vector<int32_t> prompt = tok.encode("Once upon a time", true);
   REQUIRE(prompt.front() == m.vocab.bos);

@@ -14,8 +14,15 @@
 #include "runtime/model.h"
 #include "runtime/spart.h"
 #include "tests/reference_model.h"
+#include "tests/test_models.h"
 
 namespace {
+using test_models::first_argmax;
+using test_models::top2_gap;
+
+fd::ModelConfig config(int n_layers, int dim, int n_heads, int n_kv_heads, int ff, int vocab) {
+  return test_models::config(n_layers, dim, n_heads, n_kv_heads, ff, vocab, 128);
+}
 
 // The CUDA backend rounds weights and GEMM inputs to fp16 (2^-11 relative each), so each product
 // of a dot product is off by up to 2^-10 relative, with random sign; those errors add up like the
@@ -87,20 +94,7 @@ std::vector<float> widen(const std::vector<uint16_t>& h) {
   return out;
 }
 
-fd::ModelConfig config(int n_layers, int dim, int n_heads, int n_kv_heads, int ff, int vocab) {
-  fd::ModelConfig c;
-  c.n_layers = n_layers;
-  c.dim = dim;
-  c.n_heads = n_heads;
-  c.n_kv_heads = n_kv_heads;
-  c.head_dim = dim / n_heads;
-  c.ff = ff;
-  c.vocab = vocab;
-  c.ctx = 128;
-  return c;
-}
 
-std::string shared_model() { return std::string(FD_SHARED_DIR) + "/models/stories260K.gguf"; }
 
 // A step of rows tokens spread over sequences at scattered positions (below 100), with the
 // logits of every third row.
@@ -201,21 +195,6 @@ class Runner {
   std::vector<std::vector<std::vector<float>>> k_, v_;  // [seq][layer][len][kv_width]
 };
 
-int first_argmax(const float* l, int n) { return static_cast<int>(std::max_element(l, l + n) - l); }
-
-float top2_gap(const float* l, int n) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int i = 0; i < n; ++i) {
-    if (l[i] > a) {
-      b = a;
-      a = l[i];
-    } else if (l[i] > b) {
-      b = l[i];
-    }
-  }
-  return a - b;
-}
-
 // Prefills the prompts in one step, then decodes n_decode steps greedily on both backends, each
 // with its own K/V. The next token of each sequence is the CPU backend's argmax (so both stay on
 // the same tokens); the CUDA backend must pick the same token wherever the CPU's top two logits
@@ -231,17 +210,8 @@ void compare_greedy(const fd::Model& m, const std::vector<std::vector<int32_t>>&
   std::vector<std::vector<int32_t>> feed = prompts;
   int rows_checked = 0, tokens_compared = 0;
   for (int step = 0; step <= n_decode; ++step) {
-    fd::StepInput in;
     std::vector<int> row_seq;
-    for (int s = 0; s < n_seq; ++s) {
-      for (size_t i = 0; i < feed[s].size(); ++i) {
-        in.tokens.push_back(feed[s][i]);
-        in.pos.push_back(len[s] + static_cast<int>(i));
-        row_seq.push_back(s);
-      }
-      len[s] += static_cast<int>(feed[s].size());
-      in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size()) - 1);
-    }
+    const fd::StepInput in = test_models::feed_step(feed, len, row_seq);
     const std::vector<float> lg = rg.step(in, row_seq);
     const std::vector<float> lc = rc.step(in, row_seq);
     REQUIRE(lg.size() == static_cast<size_t>(n_seq) * vocab);
@@ -340,7 +310,7 @@ TEST_CASE("CUDA backend matches the CPU backend op by op with head_dim 128 and 4
 }
 
 TEST_CASE("CUDA backend matches the CPU backend op by op on stories260K", "[cuda]") {
-  compare_ops(fd::load_model(shared_model()));
+  compare_ops(fd::load_model(test_models::stories_path()));
 }
 
 TEST_CASE("CUDA backend decodes greedily like the CPU backend on a random model", "[cuda]") {
@@ -349,7 +319,7 @@ TEST_CASE("CUDA backend decodes greedily like the CPU backend on a random model"
 }
 
 TEST_CASE("CUDA backend decodes greedily like the CPU backend on stories260K", "[cuda]") {
-  const fd::Model m = fd::load_model(shared_model());
+  const fd::Model m = fd::load_model(test_models::stories_path());
   compare_greedy(m, {{1, 403, 407}, {1}, {1, 263, 13, 42, 99, 300}}, 16);
 }
 

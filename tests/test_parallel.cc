@@ -12,8 +12,14 @@
 #include "runtime/parallel.h"
 #include "runtime/spart.h"
 #include "tests/reference_model.h"
+#include "tests/test_models.h"
 
 namespace {
+
+fd::ModelConfig config(int n_layers, int dim, int n_heads, int n_kv_heads, int ff, int vocab) {
+  return test_models::config(n_layers, dim, n_heads, n_kv_heads, ff, vocab, 64);
+}
+using test_models::random_prompts;
 
 // TP against G=1: the Wo and W_down dot products are summed in another order (per-rank partials
 // of k/G terms, then G partials), a relative error of ~k*2^-24 (k <= 174: 1e-5) of the terms'
@@ -22,35 +28,11 @@ namespace {
 // their max. 5e-4 of the logits' max abs covers both; a wrong slice makes O(1) errors.
 constexpr float kTpRelTol = 5e-4f;
 
-fd::ModelConfig config(int n_layers, int dim, int n_heads, int n_kv_heads, int ff, int vocab) {
-  fd::ModelConfig c;
-  c.n_layers = n_layers;
-  c.dim = dim;
-  c.n_heads = n_heads;
-  c.n_kv_heads = n_kv_heads;
-  c.head_dim = dim / n_heads;
-  c.ff = ff;
-  c.vocab = vocab;
-  c.ctx = 64;
-  return c;
-}
 
 // 8 heads over 4 KV heads (GQA 2:1), head_dim 16, an MLP width 4 does not divide, 5 layers
 // (uneven pipeline stages for G = 2 and 4).
 fd::Model test_model() { return fd::make_random_model(config(5, 128, 8, 4, 174, 320), 4242); }
 
-std::vector<std::vector<int32_t>> random_prompts(const std::vector<int>& lengths, int vocab,
-                                                 uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(3, vocab - 1);
-  std::vector<std::vector<int32_t>> out;
-  for (int n : lengths) {
-    std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int32_t& t : p) t = tok(rng);
-    out.push_back(p);
-  }
-  return out;
-}
 
 // One R-worker group: the fp16 K/V of its KV heads for every sequence and layer, attended by
 // the scalar reference.
@@ -111,17 +93,8 @@ Run generate(const Forward& forward, const std::vector<std::vector<int32_t>>& pr
   run.tokens.resize(n_seq);
   std::vector<float> logits;
   for (int step = 0; step <= n_decode; ++step) {
-    fd::StepInput in;
     std::vector<int> row_seq;
-    for (size_t s = 0; s < n_seq; ++s) {
-      for (size_t i = 0; i < feed[s].size(); ++i) {
-        in.tokens.push_back(feed[s][i]);
-        in.pos.push_back(len[s] + static_cast<int>(i));
-        row_seq.push_back(static_cast<int>(s));
-      }
-      in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size()) - 1);
-      len[s] += static_cast<int>(feed[s].size());
-    }
+    const fd::StepInput in = test_models::feed_step(feed, len, row_seq);
     forward(in, row_seq, logits);
     REQUIRE(logits.size() == n_seq * vocab);
     for (size_t s = 0; s < n_seq; ++s) {

@@ -13,10 +13,9 @@
 #include "examples/common/repl_stream.h"
 #include "kernels/ops.h"
 #include "runtime/model.h"
+#include "tests/test_models.h"
 
 namespace {
-
-std::string stories_path() { return std::string(FD_SHARED_DIR) + "/models/stories260K.gguf"; }
 
 // An in-memory FILE whose text can be read at any time after fflush.
 struct MemFile {
@@ -53,7 +52,7 @@ struct LocalDeployment {
   std::unique_ptr<caf::actor_system> sys;
   fd::LocalNode node;
   explicit LocalDeployment(std::shared_ptr<const fd::Model> m =
-                               std::make_shared<const fd::Model>(fd::load_model(stories_path())))
+                               std::make_shared<const fd::Model>(fd::load_model(test_models::stories_path())))
       : model(std::move(m)) {
     fd::kernels::set_gemm_threads(1);
     fd::configure_caf(cfg, 2);
@@ -173,7 +172,7 @@ TEST_CASE("stats give tokens/s and time to first token of the last answer", "[re
 }
 
 TEST_CASE("the gatekeeper hands clients the model's vocabulary", "[repl]") {
-  auto model = std::make_shared<const fd::Model>(fd::load_model(stories_path()));
+  auto model = std::make_shared<const fd::Model>(fd::load_model(test_models::stories_path()));
   caf::actor_system_config cfg;
   fd::configure_caf(cfg, 2);
   caf::actor_system sys{cfg};

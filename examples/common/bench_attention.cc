@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "examples/common/json.h"
+#include "examples/common/list_options.h"
 #include "examples/common/node_options.h"
 #include "kernels/attention.h"
 #include "kernels/kv_format.h"
@@ -43,36 +44,14 @@ struct BenchOptions {
   size_t stream_bytes = 0;
 };
 
-std::vector<int> parse_ints(const std::string& text, const char* flag) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v <= 0)
-      throw Error(std::string("--") + flag + " must be a comma-separated list of positive integers, not '" +
-                  text + "'.");
-    out.push_back(v);
-  }
-  if (out.empty()) throw Error(std::string("--") + flag + " needs at least one value.");
-  return out;
-}
-
 std::vector<kernels::KvDtype> parse_dtypes(const std::string& text) {
   std::vector<kernels::KvDtype> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
+  for (const std::string& item : split_list(text, "kv-dtype")) {
     kernels::KvDtype d;
     if (!kernels::parse_kv_dtype(item, &d))
       throw Error("--kv-dtype must list f16, q8 or q4, not '" + item + "'.");
     out.push_back(d);
   }
-  if (out.empty()) throw Error("--kv-dtype needs at least one value.");
   return out;
 }
 
@@ -110,10 +89,10 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
   auto pick = [&](const char* name, const char* quick_value) {
     return quick && vm[name].defaulted() ? std::string(quick_value) : vm[name].as<std::string>();
   };
-  o.head_dims = parse_ints(pick("head-dim", "128"), "head-dim");
-  o.gqas = parse_ints(pick("gqa", "1,4"), "gqa");
-  o.ctxs = parse_ints(pick("ctx", "512,2048"), "ctx");
-  o.batches = parse_ints(pick("batch", "1,16,64"), "batch");
+  o.head_dims = parse_int_list(pick("head-dim", "128"), "head-dim");
+  o.gqas = parse_int_list(pick("gqa", "1,4"), "gqa");
+  o.ctxs = parse_int_list(pick("ctx", "512,2048"), "ctx");
+  o.batches = parse_int_list(pick("batch", "1,16,64"), "batch");
   o.dtypes = parse_dtypes(vm["kv-dtype"].as<std::string>());
   o.max_kv_bytes = parse_size(vm["max-kv"].as<std::string>());
   o.stream_bytes = parse_size(pick("stream-size", "256MiB"));

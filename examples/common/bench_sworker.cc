@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "examples/common/json.h"
+#include "examples/common/list_options.h"
 #include "kernels/ops.h"
 #include "runtime/backend_loader.h"
 #include "runtime/error.h"
@@ -60,26 +61,6 @@ struct Options {
   double min_time = 0.5;
 };
 
-std::vector<int> parse_ints(const std::string& text, const char* flag) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v <= 0)
-      throw Error(std::string("--") + flag + " must be a comma-separated list of positive integers, not '" +
-                  text + "'.");
-    out.push_back(v);
-  }
-  if (out.empty()) throw Error(std::string("--") + flag + " needs at least one value.");
-  return out;
-}
-
 // Returns false when --help was printed.
 bool parse_options(int argc, char** argv, Options& o) {
   po::options_description desc("fastdecode-bench sworker [options]");
@@ -110,7 +91,7 @@ bool parse_options(int argc, char** argv, Options& o) {
       throw Error("--shape must list 7b or 13b, not '" + s + "'.");
     o.shapes.push_back(s);
   }
-  if (vm.count("batch")) o.batches = parse_ints(vm["batch"].as<std::string>(), "batch");
+  if (vm.count("batch")) o.batches = parse_int_list(vm["batch"].as<std::string>(), "batch");
   if (o.layers < 1 || o.min_time < 0) throw Error("--layers must be positive and --min-time not negative.");
   return true;
 }
