@@ -1,14 +1,18 @@
 // Every message the actors exchange. Tensor payloads travel as `bytes` (std::vector<char>), which
 // CAF serializes as one raw block; typed vectors such as vector<uint16_t> would go element by element.
 #pragma once
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "caf/atom.hpp"
 #include "caf/meta/type_name.hpp"
 #include "caf/replies_to.hpp"
+#include "caf/serializer_impl.hpp"
 #include "caf/typed_actor.hpp"
 
 namespace fd {
@@ -38,7 +42,7 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using vocab_atom = caf::atom_constant<caf::atom("vocab")>;
 
 // Bumped whenever a message changes: nodes of different versions refuse each other.
-constexpr int32_t kProtocolVersion = 2;
+constexpr int32_t kProtocolVersion = 3;
 
 // Rows [row0, row0 + n) of a payload belong to sequence seq at positions [pos0, pos0 + n).
 struct seq_rows {
@@ -141,8 +145,9 @@ struct tp_partial {
 // One event for the tracing console, shaped like a Chrome Trace Event: a span ('X') of dur_us
 // on the track of one actor, or a counter ('C') whose values are in args.
 struct trace_event {
-  std::string track;              // the actor, e.g. "mini_batch-0", "shard cpu-1/shard-0"
+  std::string track;              // the actor on its node, e.g. "mini_batch-0", "shard 3"
   std::string kind;               // actor kind: scheduler, mini_batch, micro_batch, gpu_stream, shard
+  std::string node;               // the node it lives on: a cpu node's --name, "local" (gpu node)
   std::string name;               // e.g. "step", "S", "R", "load"
   char ph = 'X';
   int64_t ts_us = 0;              // microseconds on the emitting node's steady clock
@@ -155,13 +160,21 @@ struct trace_event {
 // Microseconds on this node's steady clock, the time base of trace events.
 int64_t trace_now_us();
 
-// Scheduler -> trace subscribers: events of one step or one snapshot.
+// Scheduler -> trace subscribers: the events of one snapshot (counters, once a second).
 struct trace_batch {
   std::vector<trace_event> events;
 };
 
+// Mini-batch -> scheduler -> trace subscribers: the spans of the steps of up to kTraceFlush, as
+// PackedSpan records (actors/trace_packed.h); the scheduler adds the node of each shard.
+struct trace_packed {
+  bytes spans;                           // [n] PackedSpan
+  std::vector<int32_t> shard_ids;        // the scheduler's shard ids
+  std::vector<std::string> shard_nodes;  // [shard_ids] the node each lives on
+};
+
 // A tracing console's actor.
-using trace_sink = caf::typed_actor<caf::reacts_to<trace_batch>>;
+using trace_sink = caf::typed_actor<caf::reacts_to<trace_batch>, caf::reacts_to<trace_packed>>;
 
 // Scheduler -> client: one generated token, sent as soon as it is sampled.
 struct token_event {
@@ -258,13 +271,66 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, seq_rows& x) {
   return f(caf::meta::type_name("seq_rows"), x.seq, x.pos0, x.n);
 }
+// Tensor payloads that cross nodes. On the wire each is exactly a `bytes` (length, then one raw
+// block), but CAF's buffers for them are sized at once, in memory the kernel may back with 2 MiB
+// pages: a fresh multi-MiB buffer otherwise takes a page fault per 4 KiB as it is filled, which
+// was about a quarter of the actor path's time for 64 MiB payloads.
+constexpr size_t kHugePage = size_t(2) << 20;
+
+// Empty (or kept) contents, capacity >= cap; fresh memory gets the huge-page hint.
+inline void reserve_huge(bytes& b, size_t cap) {
+  if (b.capacity() >= cap) return;
+  bytes fresh;
+  fresh.reserve(cap);  // allocated, not yet touched
+  const auto p = reinterpret_cast<uintptr_t>(fresh.data());
+  const uintptr_t lo = (p + kHugePage - 1) & ~(kHugePage - 1), hi = (p + cap) & ~(kHugePage - 1);
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint only
+  fresh.assign(b.begin(), b.end());
+  b.swap(fresh);
+}
+
+// Saving: room for `n` more bytes in CAF's output buffer, reserved once for the whole message.
+template <class Inspector>
+void reserve_wire(Inspector& f, size_t n) {
+  if constexpr (std::is_base_of<caf::serializer, Inspector>::value) {
+    if (n < 2 * kHugePage) return;
+    if (auto* s = dynamic_cast<caf::serializer_impl<bytes>*>(&f))
+      reserve_huge(s->buf(), s->buf().size() + n);
+  }
+}
+
+struct wire_payload {
+  bytes& b;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, wire_payload& x) {
+  if constexpr (Inspector::reads_state) {
+    return f(x.b);
+  } else {
+    size_t n = 0;
+    if (auto err = f.begin_sequence(n)) return err;
+    if (n >= 2 * kHugePage) {
+      x.b.clear();
+      reserve_huge(x.b, n);
+    }
+    x.b.resize(n);
+    if (n > 0)
+      if (auto err = f.apply_raw(n, x.b.data())) return err;
+    return f.end_sequence();
+  }
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, attn_request& x) {
-  return f(caf::meta::type_name("attn_request"), x.step, x.layer, x.seqs, x.q, x.k, x.v);
+  if constexpr (Inspector::reads_state) reserve_wire(f, x.q.size() + x.k.size() + x.v.size() + 256);
+  return f(caf::meta::type_name("attn_request"), x.step, x.layer, x.seqs, wire_payload{x.q},
+           wire_payload{x.k}, wire_payload{x.v});
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, attn_reply& x) {
-  return f(caf::meta::type_name("attn_reply"), x.step, x.layer, x.o, x.compute_us);
+  if constexpr (Inspector::reads_state) reserve_wire(f, x.o.size() + 64);
+  return f(caf::meta::type_name("attn_reply"), x.step, x.layer, wire_payload{x.o}, x.compute_us);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
@@ -289,12 +355,16 @@ typename Inspector::result_type inspect(Inspector& f, s_output& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, trace_event& x) {
-  return f(caf::meta::type_name("trace_event"), x.track, x.kind, x.name, x.ph, x.ts_us, x.dur_us,
-           x.detail, x.arg_names, x.arg_values);
+  return f(caf::meta::type_name("trace_event"), x.track, x.kind, x.node, x.name, x.ph, x.ts_us,
+           x.dur_us, x.detail, x.arg_names, x.arg_values);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, trace_batch& x) {
   return f(caf::meta::type_name("trace_batch"), x.events);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, trace_packed& x) {
+  return f(caf::meta::type_name("trace_packed"), x.spans, x.shard_ids, x.shard_nodes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "actors/trace_packed.h"
 #include "caf/all.hpp"
 
 namespace fd {
@@ -45,40 +46,57 @@ struct MiniState {
   std::vector<int32_t> lost;
   // Tracing, only while a console subscribes.
   bool tracing = false;
-  trace_batch trace;                      // events of the step in flight
-  int64_t step_t0 = 0, phase_t0 = 0;      // µs, trace_now_us()
+  std::vector<PackedSpan> spans;          // recorded since the last send to the scheduler
+  bool flush_pending = false;             // a tick_atom will send them
+  int64_t step_t0 = 0, phase_t0 = 0;      // µs, trace_now_us(); 0: not traced from its start
   int64_t s_us = 0, r_us = 0, comm_us = 0, max_compute_us = 0;
   static inline const char* name = "mini_batch";
 };
 
 using self_ptr = mini_batch_actor::stateful_pointer<MiniState>;
 
-void span(MiniState& st, std::string track, const char* kind, const char* name, int64_t t0,
-          int64_t t1, std::vector<std::string> names = {}, std::vector<double> values = {}) {
-  trace_event e;
-  e.track = std::move(track);
-  e.kind = kind;
-  e.name = name;
-  e.ts_us = t0;
-  e.dur_us = std::max<int64_t>(0, t1 - t0);
-  e.arg_names = std::move(names);
-  e.arg_values = std::move(values);
-  st.trace.events.push_back(std::move(e));
+void flush_trace(self_ptr self) {
+  auto& st = self->state;
+  if (st.spans.empty()) return;
+  trace_packed p;
+  p.spans = to_bytes(st.spans.data(), st.spans.size());
+  st.spans.clear();
+  self->send(st.scheduler, std::move(p));
 }
 
-std::string stream_track(const MiniState& st) { return "gpu_stream-" + std::to_string(st.cfg.index); }
+// Records one span (args: counts, and microseconds for the *_ms arguments, see SpanKind); they
+// travel together at most every kTraceFlush.
+void span(self_ptr self, SpanKind kind, int32_t actor, int64_t t0, int64_t t1,
+          std::initializer_list<int64_t> args) {
+  auto& st = self->state;
+  PackedSpan& s = st.spans.emplace_back();
+  s.ts_us = t0;
+  s.dur_us = static_cast<int32_t>(std::max<int64_t>(0, t1 - t0));
+  s.actor = actor;
+  s.kind = static_cast<uint8_t>(kind);
+  int i = 0;
+  for (int64_t a : args)
+    if (i < kSpanArgs) s.args[i++] = static_cast<int32_t>(std::min<int64_t>(a, INT32_MAX));
+  if (st.spans.size() >= kTraceFlushSpans) {
+    flush_trace(self);
+  } else if (!st.flush_pending) {
+    st.flush_pending = true;
+    self->delayed_send(self, kTraceFlush, tick_atom::value);
+  }
+}
 
 // The S-part answered: a span on the stream's track.
-void trace_s(MiniState& st) {
-  if (!st.tracing) return;
+void trace_s(self_ptr self) {
+  auto& st = self->state;
+  if (!st.tracing || st.phase_t0 == 0) return;
   const int64_t now = trace_now_us();
-  span(st, stream_track(st), "gpu_stream", "S", st.phase_t0, now, {"rows"}, {double(st.rows)});
+  span(self, SpanKind::s, st.cfg.index, st.phase_t0, now, {int64_t(st.rows)});
   st.s_us += now - st.phase_t0;
 }
 
 // Every shard answered for a layer: the R phase's wall time splits into compute and communication.
 void trace_r_done(MiniState& st) {
-  if (!st.tracing) return;
+  if (!st.tracing || st.phase_t0 == 0) return;
   const int64_t wall = trace_now_us() - st.phase_t0;
   st.r_us += wall;
   st.comm_us += std::max<int64_t>(0, wall - st.max_compute_us);
@@ -87,15 +105,12 @@ void trace_r_done(MiniState& st) {
 
 void trace_step_end(self_ptr self) {
   auto& st = self->state;
-  if (!st.tracing || st.trace.events.empty()) return;
-  double kv_tokens = 0;  // the step's R-part load W: sum of its sequences' lengths after it
-  for (const RowRef& r : st.order) kv_tokens += double(r.step->pos0) + double(r.step->tokens.size());
-  span(st, "mini_batch-" + std::to_string(st.cfg.index), "mini_batch", "step", st.step_t0,
-       trace_now_us(), {"rows", "seqs", "micro_batches", "s_ms", "r_ms", "comm_ms", "kv_tokens"},
-       {double(st.rows), double(st.order.size()), double(st.micros.size()), st.s_us / 1e3,
-        st.r_us / 1e3, st.comm_us / 1e3, kv_tokens});
-  self->send(st.scheduler, std::move(st.trace));
-  st.trace = trace_batch{};
+  if (!st.tracing || st.step_t0 == 0) return;
+  int64_t kv_tokens = 0;  // the step's R-part load W: sum of its sequences' lengths after it
+  for (const RowRef& r : st.order) kv_tokens += r.step->pos0 + int64_t(r.step->tokens.size());
+  span(self, SpanKind::step, st.cfg.index, st.step_t0, trace_now_us(),
+       {int64_t(st.rows), int64_t(st.order.size()), int64_t(st.micros.size()), st.s_us, st.r_us,
+        st.comm_us, kv_tokens});
 }
 
 void on_output(self_ptr self, uint64_t step, s_output& out);
@@ -189,7 +204,7 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
       return shard_failed(self, step, b.shard, caf::make_error(caf::sec::request_receiver_down));
   st.o.assign(st.rows * qw * sizeof(float), 0);
   st.pending = 0;
-  st.phase_t0 = trace_now_us();
+  if (st.tracing) st.phase_t0 = trace_now_us();
   for (const Bucket& b : st.buckets) {
     const r_group& g = st.cfg.groups[b.group];
     if (layer < g.layer0 || layer >= g.layer0 + g.layers) continue;
@@ -217,17 +232,18 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
               for (size_t i = 0; i < bp->seqs.size(); ++i)
                 for (int32_t row = 0; row < bp->seqs[i].n; ++row, in += width)
                   std::copy_n(in, width, o + (bp->row0[i] + row) * qw + c0);
-              if (st.tracing) {
-                // Assume the shard computed in the middle of the round trip.
+              if (st.tracing && st.phase_t0 != 0) {
+                // The shard computed just before its reply came back: a request of the other
+                // mini-batch may have held it before, so the round trip's start says nothing
+                // about when it began (its middle would overlap that request's span).
                 const int64_t now = trace_now_us(), rtt = now - st.phase_t0;
-                const int64_t start = st.phase_t0 + std::max<int64_t>(0, rtt - r.compute_us) / 2;
-                span(st, "shard " + std::to_string(shard), "shard", "R", start,
-                     start + r.compute_us, {"layer", "rtt_ms"}, {double(layer), rtt / 1e3});
+                const int64_t start = std::max(st.phase_t0, now - r.compute_us);
+                span(self, SpanKind::r, shard, start, start + r.compute_us, {layer, rtt});
                 st.max_compute_us = std::max(st.max_compute_us, r.compute_us);
               }
               if (--st.pending > 0) return;
               trace_r_done(st);
-              st.phase_t0 = trace_now_us();
+              if (st.tracing) st.phase_t0 = trace_now_us();
               self->request(st.stream, st.cfg.timeout, layer_o{layer, std::move(st.o)})
                   .then([self, step](s_output& next) { on_output(self, step, next); },
                         [self, step](caf::error& e) { stream_failed(self, step, e); });
@@ -239,7 +255,7 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
 void on_output(self_ptr self, uint64_t step, s_output& out) {
   auto& st = self->state;
   if (!current(st, step)) return;
-  trace_s(st);
+  trace_s(self);
   if (out.next_layer >= st.cfg.model.n_layers) {
     if (out.logits.size() != st.order.size() * st.cfg.model.vocab * sizeof(float))
       return stream_failed(self, step, caf::make_error(caf::sec::invalid_argument, "logits"));
@@ -300,9 +316,12 @@ void start_layers(self_ptr self, uint64_t step) {
   step_tokens in = plan_step(st);
   if (in.tokens.empty()) {
     st.running = false;
+    // A micro-batch added while this step asked for rows waits in `joining`: start it now, as
+    // no step end will.
+    if (!st.joining.empty()) self->send(self, step_atom::value);
     return;
   }
-  st.phase_t0 = trace_now_us();
+  if (st.tracing) st.phase_t0 = trace_now_us();
   self->request(st.stream, st.cfg.timeout, std::move(in))
       .then([self, step](s_output& out) { on_output(self, step, out); },
             [self, step](caf::error& e) { stream_failed(self, step, e); });
@@ -318,7 +337,6 @@ void run_step(self_ptr self) {
   st.running = true;
   const uint64_t step = st.step;
   if (st.tracing) {
-    st.trace = trace_batch{};
     st.step_t0 = trace_now_us();
     st.s_us = st.r_us = st.comm_us = st.max_compute_us = 0;
   }
@@ -372,7 +390,16 @@ mini_batch_actor::behavior_type mini_behavior(self_ptr self, MiniBatchConfig cfg
                                          [&](const Bucket& b) { return b.shard == shard; });
         if (waiting) next_step(self);
       },
-      [self](subscribe_atom, bool on) { self->state.tracing = on; },
+      [self](subscribe_atom, bool on) {
+        auto& st = self->state;
+        st.tracing = on;
+        st.spans.clear();
+        st.step_t0 = st.phase_t0 = 0;  // a step or phase in flight is not traced
+      },
+      [self](tick_atom) {
+        self->state.flush_pending = false;
+        if (self->state.tracing) flush_trace(self);
+      },
       [self](step_atom) { run_step(self); },
   };
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "actors/trace_packed.h"
 #include "caf/all.hpp"
 
 namespace fd {
@@ -17,6 +18,7 @@ struct ShardEntry {
   shard_info info;
   uint64_t used_pages = 0;  // pages promised to the sequences placed here
   bool leaving = false;
+  std::map<size_t, uint64_t> mini_pages;  // used_pages per mini-batch
 };
 
 struct Live {
@@ -24,7 +26,7 @@ struct Live {
   gen_request req;          // kept until the sequence enters a micro-batch
   std::vector<int32_t> shards;  // [groups] where its KV-cache lives; empty while queued
   uint64_t tokens = 0;      // the most tokens the sequence can hold
-  clock::time_point since;  // when it started waiting
+  clock::time_point since;  // when it was asked for
   caf::actor_addr client;   // who asked; its death cancels the sequence
   micro_batch_actor micro;  // null while queued
   size_t mini = 0;          // index of its mini-batch
@@ -35,6 +37,7 @@ struct Live {
 struct Leave {
   caf::typed_response_promise<bool> promise;
   std::vector<int32_t> shards;
+  std::vector<uint64_t> seqs;  // live on those shards when the leave began
 };
 
 struct Replace {
@@ -58,6 +61,10 @@ struct SchedState {
   std::vector<Leave> leaves;
   std::vector<Replace> replaces;
   bool said_waiting = false;
+  // Whether some shard served at the last change of the shards, and since when none has: only
+  // that time counts against --shard-wait for queued sequences, not waiting for room in the batch.
+  bool had_serving = false;
+  clock::time_point shards_gone = clock::now();
   bool admit_pending = false;  // a deferred admission into an idle mini-batch is on its way
   std::vector<trace_sink> subscribers;  // tracing consoles
   std::ostream no_log{nullptr};
@@ -73,18 +80,23 @@ uint64_t pages_for(uint64_t tokens, int32_t page_tokens) {
   return (tokens + page_tokens - 1) / page_tokens;
 }
 
-// The serving shard of R-group g with the most free KV tokens that can hold `tokens`, or -1.
-int32_t best_shard(const SchedState& st, int32_t g, uint64_t tokens) {
+// The serving shard of R-group g that can hold `tokens` with the fewest pages of mini-batch
+// `mini` (a mini-batch's R-part is as slow as its busiest shard), then the most free KV tokens;
+// or -1.
+int32_t best_shard(const SchedState& st, int32_t g, uint64_t tokens, size_t mini) {
   int32_t best = -1;
-  uint64_t best_free = 0;
+  uint64_t best_free = 0, best_mini = 0;
   for (auto& [id, e] : st.shards) {
     if (e.leaving || e.info.group != g) continue;
     const uint64_t need = pages_for(tokens, e.info.page_tokens);
     if (e.used_pages + need > e.info.pages) continue;
     const uint64_t free_tokens = (e.info.pages - e.used_pages) * e.info.page_tokens;
-    if (best < 0 || free_tokens > best_free) {
+    const auto m = e.mini_pages.find(mini);
+    const uint64_t of_mini = m == e.mini_pages.end() ? 0 : m->second;
+    if (best < 0 || of_mini < best_mini || (of_mini == best_mini && free_tokens > best_free)) {
       best = id;
       best_free = free_tokens;
+      best_mini = of_mini;
     }
   }
   return best;
@@ -98,8 +110,10 @@ bool serving(const SchedState& st, int32_t shard) {
 void release(SchedState& st, Live& l) {
   for (int32_t shard : l.shards) {
     auto it = st.shards.find(shard);
-    if (it != st.shards.end())
+    if (it != st.shards.end()) {
       it->second.used_pages -= pages_for(l.tokens, it->second.info.page_tokens);
+      it->second.mini_pages[l.mini] -= pages_for(l.tokens, it->second.info.page_tokens);
+    }
   }
   l.shards.clear();
 }
@@ -110,13 +124,14 @@ bool place(SchedState& st, Live& l) {
   std::vector<int32_t> chosen(st.cfg.groups);
   for (int32_t g = 0; g < st.cfg.groups; ++g) {
     const bool keep = static_cast<size_t>(g) < l.shards.size() && serving(st, l.shards[g]);
-    chosen[g] = keep ? l.shards[g] : best_shard(st, g, l.tokens);
+    chosen[g] = keep ? l.shards[g] : best_shard(st, g, l.tokens, l.mini);
     if (chosen[g] < 0) return false;
   }
   release(st, l);
   for (int32_t shard : chosen) {
     auto& e = st.shards[shard];
     e.used_pages += pages_for(l.tokens, e.info.page_tokens);
+    e.mini_pages[l.mini] += pages_for(l.tokens, e.info.page_tokens);
   }
   l.shards = std::move(chosen);
   return true;
@@ -149,6 +164,19 @@ bool has_serving_shard(const SchedState& st) {
         }))
       return false;
   return true;
+}
+
+// Call after the set of serving shards changed: starts the --shard-wait clock when the last went.
+void note_shards(SchedState& st) {
+  const bool serving_now = has_serving_shard(st);
+  if (st.had_serving && !serving_now) st.shards_gone = clock::now();
+  st.had_serving = serving_now;
+}
+
+// Whether a queued sequence has waited longer than --shard-wait for a shard to serve it.
+bool waited_too_long(const SchedState& st, const Live& l, clock::time_point now) {
+  if (st.had_serving) return false;  // it waits for room, which frees as sequences finish
+  return now - std::max(l.since, st.shards_gone) > st.cfg.shard_wait;
 }
 
 void fail(self_ptr self, uint64_t seq, const std::string& why) {
@@ -205,6 +233,7 @@ void admit_queued(self_ptr self, int target = -1) {
     if (st.cfg.scheduled &&
         st.planners[mini].quota(st.mini_step[mini], shape_of(l.req)) <= 0)
       break;
+    l.mini = mini;  // placement spreads each mini-batch over the shards
     if (!place(st, l)) {
       say_waiting(st);
       break;  // later ones wait too
@@ -281,7 +310,18 @@ void finish_leaves(self_ptr self) {
       ++it;
       continue;
     }
-    for (int32_t id : it->shards) st.shards.erase(id);
+    // Those still live now run elsewhere; the others finished meanwhile.
+    const auto moved = std::count_if(it->seqs.begin(), it->seqs.end(),
+                                     [&](uint64_t seq) { return st.live.count(seq) > 0; });
+    std::string names;
+    for (int32_t id : it->shards) {
+      auto e = st.shards.find(id);
+      names += (names.empty() ? "" : ", ") +
+               (e != st.shards.end() ? e->second.info.name : std::to_string(id));
+      st.shards.erase(id);
+    }
+    log(st) << "scheduler: " << names << " left; " << moved << " of the " << it->seqs.size()
+            << " sequence(s) there moved to other shards\n";
     it->promise.deliver(true);
     it = st.leaves.erase(it);
   }
@@ -296,14 +336,16 @@ void drop_shard(self_ptr self, int32_t id, const std::string& why) {
   self->demonitor(it->second.info.hdl.address());
   caf::anon_send_exit(it->second.info.hdl, caf::exit_reason::kill);
   st.shards.erase(it);
+  note_shards(st);
   for (auto& m : st.minis) self->send(m, lost_atom::value, id);
 }
 
-trace_event counter(std::string track, const char* kind, std::string detail,
+trace_event counter(std::string track, const char* kind, std::string node, std::string detail,
                     std::vector<std::string> names, std::vector<double> values) {
   trace_event e;
   e.track = std::move(track);
   e.kind = kind;
+  e.node = std::move(node);
   e.name = "state";
   e.ph = 'C';
   e.ts_us = trace_now_us();
@@ -323,19 +365,20 @@ void snapshot(self_ptr self) {
     w += double(st.planners[m].planned_load(st.mini_step[m]));
     w_lim += double(st.planners[m].config().load_limit);
   }
-  b.events.push_back(counter("scheduler", "scheduler",
+  b.events.push_back(counter("scheduler", "scheduler", kLocalNode,
                              st.cfg.scheduled ? schedule_name(st.cfg.schedule.kind) : "continuous",
                              {"queued", "running", "shards", "W", "W_lim"},
                              {double(queued), double(running), double(st.shards.size()), w, w_lim}));
   for (auto& sub : st.subscribers) self->send(sub, b);
   for (auto& [id, e] : st.shards) {
-    const std::string track = "shard " + std::to_string(id), name = e.info.name;
+    const std::string track = shard_track(id), name = e.info.name;
+    const std::string node = e.info.node.empty() ? kLocalNode : e.info.node;
     self->request(e.info.hdl, std::chrono::seconds(1), stats_atom::value)
         .then(
-            [self, track, name](shard_stats& s) {
+            [self, track, node, name](shard_stats& s) {
               trace_batch b;
               b.events.push_back(counter(
-                  track, "shard", name,
+                  track, "shard", node, name,
                   {"sequences", "tokens", "used_pages", "free_pages", "page_bytes", "busy_ms",
                    "requests"},
                   {double(s.sequences), double(s.tokens), double(s.used_pages),
@@ -356,9 +399,10 @@ shard_ids register_shards(self_ptr self, add_shards& req) {
     self->monitor(info.hdl);
     log(st) << "scheduler: shard " << info.name << " joined (" << info.pages << " pages of "
               << info.page_tokens << " tokens)\n";
-    st.shards.emplace(id, ShardEntry{std::move(info), 0, false});
+    st.shards.emplace(id, ShardEntry{std::move(info), 0, false, {}});
     out.ids.push_back(id);
   }
+  note_shards(st);
   serve_replaces(self);
   admit_queued(self);
   return out;
@@ -449,7 +493,13 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         finish_leaves(self);
       },
       [self](add_shards& req) { return register_shards(self, req); },
-      [self](lost_atom, int32_t id) { drop_shard(self, id, "stopped answering"); },
+      [self](lost_atom, int32_t id) {
+        // A mini-batch that learnt of a leave avoids the shard as if it were gone; a leaving
+        // shard still answers and is no longer watched, so there is nothing to drop.
+        auto it = self->state.shards.find(id);
+        if (it != self->state.shards.end() && !it->second.leaving)
+          drop_shard(self, id, "stopped answering");
+      },
       [self](subscribe_atom, trace_sink sink) {
         auto& st = self->state;
         if (!sink) return;
@@ -468,8 +518,15 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         ++st.mini_step[mini];
         if (st.cfg.scheduled) admit_queued(self, mini);
       },
-      [self](trace_batch& batch) {
-        for (auto& sub : self->state.subscribers) self->send(sub, batch);
+      [self](trace_packed& p) {
+        auto& st = self->state;
+        if (st.subscribers.empty()) return;
+        for (auto& [id, e] : st.shards) {
+          p.shard_ids.push_back(id);
+          p.shard_nodes.push_back(e.info.node.empty() ? kLocalNode : e.info.node);
+        }
+        for (size_t i = 0; i + 1 < st.subscribers.size(); ++i) self->send(st.subscribers[i], p);
+        self->send(st.subscribers.back(), std::move(p));
       },
       [self](cancel_atom, uint64_t tag) {
         auto& st = self->state;
@@ -487,15 +544,23 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
       },
       [self](leave_request& req) -> caf::result<bool> {
         auto& st = self->state;
-        Leave lv{self->make_response_promise<bool>(), {}};
+        Leave lv{self->make_response_promise<bool>(), {}, {}};
         for (auto& [id, e] : st.shards)
           if (std::find(req.shards.begin(), req.shards.end(), e.info.hdl) != req.shards.end()) {
             e.leaving = true;
             lv.shards.push_back(id);
             self->demonitor(e.info.hdl.address());
-            log(st) << "scheduler: shard " << e.info.name << " is leaving\n";
+            size_t moving = 0;
+            for (auto& [seq, l] : st.live)
+              if (std::find(l.shards.begin(), l.shards.end(), id) != l.shards.end()) {
+                ++moving;
+                lv.seqs.push_back(seq);
+              }
+            log(st) << "scheduler: shard " << e.info.name << " is leaving; " << moving
+                    << " sequence(s) move to other shards\n";
             for (auto& m : st.minis) self->send(m, lost_atom::value, id);
           }
+        note_shards(st);
         auto promise = lv.promise;
         st.leaves.push_back(std::move(lv));
         finish_leaves(self);
@@ -519,7 +584,7 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
                                                    st.cfg.shard_wait).count()) + " s";
         for (auto it = st.queue.begin(); it != st.queue.end();) {
           auto l = st.live.find(*it);
-          if (l != st.live.end() && now - l->second.since > st.cfg.shard_wait) {
+          if (l != st.live.end() && waited_too_long(st, l->second, now)) {
             fail(self, *it, why);
             it = st.queue.erase(it);
           } else {

@@ -37,6 +37,7 @@ using tp_rank_actor = caf::typed_actor<
 struct shard_info {
   shard_actor hdl;
   std::string name;
+  std::string node;          // the cpu node's --name; empty: in the gpu node's own process
   uint64_t pages = 0;        // KV-cache capacity
   int32_t page_tokens = 0;   // tokens per page
   int32_t group = 0;         // its R-group: which layers and heads it holds (model parallelism)
@@ -108,6 +109,7 @@ using mini_batch_actor = caf::typed_actor<
     caf::reacts_to<add_atom, micro_batch_actor>,  // a micro-batch joins at the next step
     caf::reacts_to<lost_atom, int32_t>,           // a shard is gone: retry a step waiting on it
     caf::reacts_to<subscribe_atom, bool>,         // emit trace events (to the scheduler) or not
+    caf::reacts_to<tick_atom>,                    // send the trace spans gathered so far
     caf::reacts_to<step_atom>>;                   // run the next step if idle
 
 // Scheduler: admits requests, places sequences on shards, feeds micro-batches.
@@ -119,7 +121,7 @@ using scheduler_actor = caf::typed_actor<
     caf::replies_to<replace_request>::with<std::vector<seq_place>>,  // re-place sequences
     caf::reacts_to<lost_atom, int32_t>,                              // a shard stopped answering
     caf::replies_to<stats_atom>::with<sched_stats>,                  // shards, queue, live
-    caf::reacts_to<trace_batch>,                                     // events from a mini-batch
+    caf::reacts_to<trace_packed>,                                    // spans from a mini-batch
     caf::reacts_to<step_atom, int32_t>,                              // a mini-batch ended a step (-1: admit)
     caf::reacts_to<cancel_atom, uint64_t>,                           // the sender's request tag
     caf::reacts_to<subscribe_atom, trace_sink>,                      // stream trace events to it
@@ -135,7 +137,8 @@ using gatekeeper_actor = caf::typed_actor<
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_info& x) {
-  return f(caf::meta::type_name("shard_info"), x.hdl, x.name, x.pages, x.page_tokens, x.group);
+  return f(caf::meta::type_name("shard_info"), x.hdl, x.name, x.node, x.pages, x.page_tokens,
+           x.group);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, add_shards& x) {
@@ -216,4 +219,5 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::tp_next))
 CAF_ADD_TYPE_ID(fastdecode, (fd::tp_partial))
 CAF_ADD_TYPE_ID(fastdecode, (fd::stage_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::tp_rank_actor))
+CAF_ADD_TYPE_ID(fastdecode, (fd::trace_packed))
 CAF_END_TYPE_ID_BLOCK(fastdecode)

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "examples/common/bench_attention.h"
+#include "examples/common/bench_plan.h"
 #include "examples/common/bench_schedule.h"
 #include "examples/common/bench_sworker.h"
 #include "examples/common/bench_transport.h"
@@ -14,6 +15,7 @@ void usage(std::ostream& os) {
   os << "usage: fastdecode-bench MODE [options]   (MODE --help lists a mode's options)\n"
         "modes:\n"
         "  attention   decode attention over a KV-cache vs. the machine's read bandwidth\n"
+        "  plan        the performance model's tokens/s for a configuration, then a real run of it\n"
         "  schedule    large-batch, sls and load-control on one workload: per-step latency and load\n"
         "  sworker     the S-part of one layer, T(B), on the CUDA or CPU backend\n"
         "  transport   payloads between two processes: actor path vs. plain TCP on loopback\n";
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (!std::strcmp(argv[1], "attention")) return fd::bench_attention_main(argc - 1, argv + 1);
+    if (!std::strcmp(argv[1], "plan")) return fd::bench_plan_main(argc - 1, argv + 1);
     if (!std::strcmp(argv[1], "schedule")) return fd::bench_schedule_main(argc - 1, argv + 1);
     if (!std::strcmp(argv[1], "sworker")) return fd::bench_sworker_main(argc - 1, argv + 1);
     if (!std::strcmp(argv[1], "transport")) return fd::bench_transport_main(argc - 1, argv + 1);

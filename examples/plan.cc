@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "examples/common/bench_plan.h"
 #include "examples/common/json.h"
 #include "examples/common/node_options.h"
 #include "runtime/error.h"
@@ -119,10 +120,59 @@ std::vector<ScheduleRun> compare_schedules(const PlanInput& in, const PlanRow& b
   return out;
 }
 
+// --run-batch: the model's tokens/s for one configuration this machine can run (simulated S-part
+// from --profile, real shards), from micro-benchmarks taken now; `fastdecode-bench plan` with the
+// same options runs it and prints both.
+int predict_concrete(const ModelConfig& shape, const std::string& profile, const ScheduleConfig& sc,
+                     int pipeline, int shards, int requests, double min_time, bool json) {
+  PlanRunConfig cfg;
+  cfg.shape = shape;
+  cfg.sim_profile = profile;
+  cfg.schedule = sc;
+  cfg.pipeline = pipeline;
+  cfg.shards = shards;
+  cfg.requests = requests;
+  cfg.min_time = min_time;
+  const RunCosts c = calibrate_run(cfg);
+  const RunPrediction p = predict_run(plan_run_shape(cfg, plan_requests(cfg, 1)), c);
+  if (json) {
+    std::cout << JsonLine()
+                     .add("type", std::string("run"))
+                     .add("schedule", std::string(schedule_name(sc.kind)))
+                     .add("batch", int64_t{sc.batch})
+                     .add("seq_len", int64_t{sc.seq_len})
+                     .add("pipeline", int64_t{pipeline})
+                     .add("shards", int64_t{shards})
+                     .add("r_s_per_token", c.r_seconds)
+                     .add("t_layer_s", p.t_layer_s)
+                     .add("r_layer_s", p.r_layer_s)
+                     .add("s_idle_frac", 1 - p.s_busy)
+                     .add("r_idle_frac", 1 - p.r_busy)
+                     .add("predicted_tokens_per_s", p.tokens_per_s)
+                     .add("seconds", p.seconds)
+                     .str()
+              << "\n";
+    return 0;
+  }
+  std::cout << "R = " << fixed(c.r_seconds * 1e9, 1) << " ns per cached token per layer (" << shards
+            << " workers at once); hand-over: S " << fixed(c.s_hop_seconds * 1e6, 0) << " µs, R "
+            << fixed(c.r_hop_seconds * 1e6, 0) << " µs + " << fixed(c.r_fixed_seconds * 1e6, 0)
+            << " µs in the shard; step " << fixed(c.step_seconds * 1e6, 0) << " µs\n"
+            << "predicted for " << schedule_name(sc.kind) << ", B = " << sc.batch << " per mini-batch, "
+            << pipeline << " mini-batch(es), S = " << sc.seq_len << ", P = " << shards << ": "
+            << fixed(p.tokens_per_s, 1) << " tokens/s (T " << fixed(p.t_layer_s * 1e3, 3)
+            << " ms, R " << fixed(p.r_layer_s * 1e3, 3) << " ms per layer; S idle "
+            << fixed(100 * (1 - p.s_busy), 1) << " %, R idle " << fixed(100 * (1 - p.r_busy), 1)
+            << " %)\nmeasure it: fastdecode-bench plan with the same --profile (as --sim-profile), "
+               "--batch, --max-len, --interval, --pipeline, --shards and model shape\n";
+  return 0;
+}
+
 int run(int argc, char** argv) {
   Args a;
   PlanInput in;
-  std::string model, kv_mem, r_kv;
+  std::string model, kv_mem, r_kv, run_schedule;
+  int run_batch = 0, run_shards = 2, run_pipeline = 2, run_requests = 0;
   const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   po::options_description desc("fastdecode-plan [options]");
   desc.add_options()
@@ -146,7 +196,12 @@ int run(int argc, char** argv) {
       ("r-kv", po::value<std::string>(&r_kv)->default_value("256MiB"), "KV-cache size R is measured over")
       ("interval", po::value<int>(&a.interval)->default_value(16), "F: steps between micro-batch starts, for the schedule comparison")
       ("min-time", po::value<double>(&a.min_time)->default_value(0.2), "seconds measured per point")
-      ("json", po::bool_switch(&a.json), "print JSON lines (one per batch size, then the plan)");
+      ("json", po::bool_switch(&a.json), "print JSON lines (one per batch size, then the plan)")
+      ("run-batch", po::value<int>(&run_batch)->default_value(0), "predict one runnable configuration: B per mini-batch (needs --profile)")
+      ("run-shards", po::value<int>(&run_shards)->default_value(2), "with --run-batch: P shards of one thread each")
+      ("run-pipeline", po::value<int>(&run_pipeline)->default_value(2), "with --run-batch: mini-batches in flight")
+      ("run-schedule", po::value<std::string>(&run_schedule)->default_value("sls"), "with --run-batch: large-batch, sls or load-control")
+      ("run-requests", po::value<int>(&run_requests)->default_value(0), "with --run-batch: requests (0: 4*B*pipeline)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);
@@ -169,6 +224,19 @@ int run(int argc, char** argv) {
     throw Error("Give the model shape: --model GGUF, or --layers, --dim and --heads (dim divisible by heads).");
   s.head_dim = s.dim / s.n_heads;
   in.n_layers = s.n_layers;
+  if (run_batch > 0) {
+    if (a.profile.empty()) throw Error("--run-batch needs --profile: the run's S-part is simulated from it.");
+    ScheduleConfig sc;
+    if (!parse_schedule(run_schedule, &sc.kind))
+      throw Error("--run-schedule takes large-batch, sls or load-control, not '" + run_schedule + "'.");
+    sc.batch = run_batch;
+    sc.seq_len = in.seq_len;
+    sc.interval = a.interval;
+    ModelConfig shape = s;
+    if (shape.vocab < 4) shape.vocab = 512;
+    return predict_concrete(shape, a.profile, sc, run_pipeline, run_shards, run_requests, a.min_time,
+                            a.json);
+  }
   a.batches = parse_batches(vm["batches"].as<std::string>());
   a.kv_mem = parse_size(kv_mem);
   a.r_kv_bytes = parse_size(r_kv);

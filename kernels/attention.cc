@@ -48,10 +48,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's block
 // as fp32. Layouts are documented in kernels/kv_format.h.
-// Formats with one scale per row set kRowScale: Load then returns unscaled values and the kernel
-// folds Scale(t) into the score and the softmax weight instead (one multiply per row, not per lane).
 struct F16Rows {
-  static constexpr bool kRowScale = false;
   const uint16_t* x;  // [block_tokens][head_dim]
   size_t hd;
   F16Rows(const uint8_t* head_block, size_t head_dim, size_t)
@@ -61,56 +58,6 @@ struct F16Rows {
     return LoadF16(d, x + t * hd + c);
   }
 };
-
-struct Q8Rows {
-  static constexpr bool kRowScale = true;
-  const float* scale;  // [block_tokens]
-  const int8_t* x;     // [block_tokens][head_dim]
-  size_t hd;
-  Q8Rows(const uint8_t* head_block, size_t head_dim, size_t bt)
-      : scale(reinterpret_cast<const float*>(head_block)),
-        x(reinterpret_cast<const int8_t*>(head_block + bt * sizeof(float))),
-        hd(head_dim) {}
-  template <class D>
-  HWY_INLINE hn::Vec<D> Load(D d, size_t t, size_t c) const {
-    const hn::RebindToSigned<D> di;
-    const hn::Rebind<int8_t, D> d8;
-    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, x + t * hd + c)));
-  }
-  float Scale(size_t t) const { return scale[t]; }
-};
-
-struct Q4Rows {
-  static constexpr bool kRowScale = false;
-  const float* scale;  // [block_tokens][head_dim / 32]
-  const uint8_t* x;    // [block_tokens][head_dim / 32][16]
-  size_t hd;
-  Q4Rows(const uint8_t* head_block, size_t head_dim, size_t bt)
-      : scale(reinterpret_cast<const float*>(head_block)),
-        x(head_block + bt * (head_dim / 32) * sizeof(float)),
-        hd(head_dim) {}
-  // Needs Lanes(d) <= 16 so that a chunk never straddles the two nibbles of a group.
-  template <class D>
-  HWY_INLINE hn::Vec<D> Load(D d, size_t t, size_t c) const {
-    const hn::RebindToSigned<D> di;
-    const hn::Rebind<uint8_t, D> d8;
-    const auto bytes = hn::PromoteTo(di, hn::LoadU(d8, x + t * (hd / 2) + (c / 32) * 16 + c % 16));
-    const auto nib = (c & 16) ? hn::ShiftRight<4>(bytes) : hn::And(bytes, hn::Set(di, 15));
-    const auto v = hn::ConvertTo(d, hn::Sub(nib, hn::Set(di, 8)));
-    return hn::Mul(v, hn::Set(d, scale[t * (hd / 32) + c / 32]));
-  }
-};
-
-template <class Rows>
-HWY_INLINE float RowScale(const Rows& r, size_t t) {
-  if constexpr (Rows::kRowScale) {
-    return r.Scale(t);
-  } else {
-    (void)r;
-    (void)t;
-    return 1.0f;
-  }
-}
 
 template <class P>
 HWY_INLINE const uint8_t* Bytes(const P* p) {
@@ -269,9 +216,8 @@ HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t hea
         ScoreRows<NQ, 1>(d, kr, tb + static_cast<size_t>(t), qs, hd, sums);
       for (int p = 0; p < rows; ++p) {
         const int tt = t + p;
-        const float ks = Rows::kRowScale ? RowScale(kr, tb + static_cast<size_t>(tt)) : 1.0f;
 #pragma GCC unroll 8
-        for (int j = 0; j < NQ; ++j) s[j][tt] = t0 + tt < tile.limit[j] ? sums[p * NQ + j] * ks : neg_inf;
+        for (int j = 0; j < NQ; ++j) s[j][tt] = t0 + tt < tile.limit[j] ? sums[p * NQ + j] : neg_inf;
       }
       t += rows;
     }
@@ -291,9 +237,6 @@ HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t hea
         vsum = hn::Add(vsum, p);
       }
       l[j] = l[j] * corr + hn::GetLane(hn::SumOfLanes(dt, vsum));
-      if constexpr (Rows::kRowScale) {
-        for (int t = 0; t < n; ++t) s[j][t] *= RowScale(vr, tb + static_cast<size_t>(t));
-      }
       if (corr != 1.0f) {
         const V vc = hn::Set(d, corr);
         for (size_t c = 0; c < hd; c += L) hn::Store(hn::Mul(hn::Load(d, acc[j] + c), vc), d, acc[j] + c);
@@ -374,10 +317,8 @@ void AttendHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, si
   switch (kv.dtype) {
     case KvDtype::f16:
       return AttendHeads<F16Rows, kAnyLanes>(q, n_q, q_pos0, kv, head_bytes, dims, kvh_begin, kvh_end, out);
-    case KvDtype::q8:
-      return AttendHeads<Q8Rows, kAnyLanes>(q, n_q, q_pos0, kv, head_bytes, dims, kvh_begin, kvh_end, out);
-    case KvDtype::q4:
-      return AttendHeads<Q4Rows, 16>(q, n_q, q_pos0, kv, head_bytes, dims, kvh_begin, kvh_end, out);
+    default:  // q8 and q4 have their own kernels (kernels/attention_quant.cc)
+      break;
   }
 }
 

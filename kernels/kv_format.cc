@@ -29,6 +29,15 @@ class KvFormatBase : public KvFormat {
   }
 };
 
+class QuantFormatBase : public KvFormat {
+ public:
+  void attend(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d,
+              int kvh_begin, int kvh_end, float* out) const override {
+    detail::attend_quant_heads(q, n_q, q_pos0, kv, head_block_bytes(kv.block_tokens, d.head_dim), d,
+                               kvh_begin, kvh_end, out);
+  }
+};
+
 class F16Format final : public KvFormatBase {
  public:
   KvDtype dtype() const override { return KvDtype::f16; }
@@ -47,7 +56,7 @@ class F16Format final : public KvFormatBase {
   }
 };
 
-class Q8Format final : public KvFormatBase {
+class Q8Format final : public QuantFormatBase {
  public:
   KvDtype dtype() const override { return KvDtype::q8; }
   const char* name() const override { return "q8"; }
@@ -74,38 +83,45 @@ class Q8Format final : public KvFormatBase {
   }
 };
 
-class Q4Format final : public KvFormatBase {
+class Q4Format final : public QuantFormatBase {
  public:
   KvDtype dtype() const override { return KvDtype::q4; }
   const char* name() const override { return "q4"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim && hd % 32 == 0; }
   size_t head_block_bytes(int bt, int hd) const override {
-    return round_up(size_t(bt) * (size_t(hd) / 32 * sizeof(float) + size_t(hd) / 2), 64);
+    return round_up(detail::q4_data_offset(size_t(bt), size_t(hd) / 32) + size_t(bt) * size_t(hd) / 2, 64);
   }
   void encode_row(const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
     float x[kMaxHeadDim];
     f16_to_f32(src, x, size_t(hd));
     const size_t groups = size_t(hd) / 32;
-    uint8_t* data = hb + size_t(bt) * groups * sizeof(float) + size_t(t) * (size_t(hd) / 2);
+    uint8_t* data = hb + detail::q4_data_offset(size_t(bt), groups) + size_t(t) * (size_t(hd) / 2);
     for (size_t g = 0; g < groups; ++g) {
       const float* xg = x + g * 32;
       float amax = 0.0f;
       for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xg[i]));
-      const float scale = amax / 7.0f;
+      const float scale32 = amax / 7.0f;
+      uint16_t half;
+      f32_to_f16(&scale32, &half, 1);
+      float scale;  // the stored scale: the grid the values are rounded to
+      f16_to_f32(&half, &scale, 1);
       const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
       auto nibble = [&](int i) {
         return static_cast<uint8_t>(std::clamp(std::nearbyint(xg[i] * inv), -7.0f, 7.0f) + 8.0f);
       };
       for (int j = 0; j < 16; ++j)
         data[g * 16 + size_t(j)] = static_cast<uint8_t>(nibble(j) | (nibble(j + 16) << 4));
-      store_f32(hb + (size_t(t) * groups + g) * sizeof(float), scale);
+      std::memcpy(hb + detail::q4_scale_index(size_t(t), g, groups) * sizeof(uint16_t), &half, sizeof half);
     }
   }
   void decode_row(const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     const size_t groups = size_t(hd) / 32;
-    const uint8_t* data = hb + size_t(bt) * groups * sizeof(float) + size_t(t) * (size_t(hd) / 2);
+    const uint8_t* data = hb + detail::q4_data_offset(size_t(bt), groups) + size_t(t) * (size_t(hd) / 2);
     for (size_t g = 0; g < groups; ++g) {
-      const float scale = load_f32(hb + (size_t(t) * groups + g) * sizeof(float));
+      uint16_t half;
+      std::memcpy(&half, hb + detail::q4_scale_index(size_t(t), g, groups) * sizeof(uint16_t), sizeof half);
+      float scale;
+      f16_to_f32(&half, &scale, 1);
       for (int j = 0; j < 16; ++j) {
         const uint8_t b = data[g * 16 + size_t(j)];
         dst[g * 32 + size_t(j)] = static_cast<float>((b & 15) - 8) * scale;

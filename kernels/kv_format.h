@@ -3,9 +3,13 @@
 //   f16: [block_tokens][head_dim] fp16.
 //   q8 : [block_tokens] fp32 scales, then [block_tokens][head_dim] int8; x = q * scale, one
 //        scale per token per kv head (max|x| / 127).
-//   q4 : [block_tokens][head_dim/32] fp32 scales, then [block_tokens][head_dim/32][16] bytes; in
-//        group g byte j holds element 32g+j in its low nibble and 32g+16+j in its high nibble,
-//        x = (nibble - 8) * scale with scale = max|x in group| / 7.
+//   q4 : [ceil(block_tokens/4)][head_dim/32][4] fp16 scales (the scales of four consecutive rows
+//        sit side by side per group, so that one vector load serves four rows), then
+//        [block_tokens][head_dim/32][16] bytes; in group g byte j holds element 32g+j in its low
+//        nibble and 32g+16+j in its high nibble, x = (nibble - 8) * scale with
+//        scale = fp16(max|x in group| / 7).
+// Attention quantizes the scaled query once per call (q8: int16, q4: int8, one scale per query
+// vector) and scores keys with exact integer dot products; values are accumulated in fp32.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +50,16 @@ namespace detail {
 // format's head_block_bytes.
 void attend_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
                   const AttnDims& d, int kvh_begin, int kvh_end, float* out);
+// The same for the q8 and q4 formats (kernels/attention_quant.cc).
+void attend_quant_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
+                        const AttnDims& d, int kvh_begin, int kvh_end, float* out);
+
+// q4 layout: index of the fp16 scale of row t, group g (of `groups` per row), and byte offset of
+// the nibbles, from the start of a head block.
+inline size_t q4_scale_index(size_t t, size_t g, size_t groups) { return (t / 4 * groups + g) * 4 + t % 4; }
+inline size_t q4_data_offset(size_t block_tokens, size_t groups) {
+  return (block_tokens + 3) / 4 * 4 * groups * sizeof(uint16_t);
+}
 }  // namespace detail
 
 }  // namespace fd::kernels

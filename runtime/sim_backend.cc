@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -66,6 +67,7 @@ class SimState : public SPartState {
   std::vector<int32_t> tokens;      // [rows]
   std::vector<int32_t> pos;         // [rows]
   std::vector<int32_t> logit_rows;  // [n_logit_rows]
+  Clock::time_point ready_at{};     // when the device finishes the work queued for this state
 };
 
 // Rows of Q/K/V and logits are copied from small pools of random rows, so a layer's outputs
@@ -102,7 +104,7 @@ class SimBackend : public SPartBackend {
   }
 
   void attn_in(SPartState& state, int layer, AttnIn& out) const override {
-    const auto deadline = Clock::now() + half_layer(cast(state).rows);
+    const auto deadline = reserve(half_layer(cast(state).rows));
     SimState& s = cast(state);
     check_layer(layer);
     const size_t qw = c_.q_width(), kw = c_.kv_width(), rows = static_cast<size_t>(s.rows);
@@ -121,14 +123,18 @@ class SimBackend : public SPartBackend {
     wait_until(deadline);
   }
 
+  // Queued on the device like an asynchronous kernel launch: nothing of it can be observed
+  // before the next call on this state, which waits for it. One wake-up per hand-over instead of
+  // two, so a late wake-up of this thread (a loaded machine) does not stretch the device time.
   void attn_out(SPartState& state, int layer, const float* /*o*/) const override {
-    const auto deadline = Clock::now() + half_layer(cast(state).rows);
     check_layer(layer);
-    wait_until(deadline);
+    SimState& s = cast(state);
+    s.ready_at = reserve(half_layer(s.rows));
   }
 
   void logits(SPartState& state, std::vector<float>& out) const override {
     SimState& s = cast(state);
+    wait_until(s.ready_at);  // the last attn_out
     const size_t vocab = static_cast<size_t>(c_.vocab);
     out.resize(s.logit_rows.size() * vocab);
     for (size_t i = 0; i < s.logit_rows.size(); ++i) {
@@ -160,8 +166,19 @@ class SimBackend : public SPartBackend {
     return std::chrono::duration_cast<Clock::duration>(t);
   }
 
+  // The simulated device is one GPU shared by every stream that uses this backend: a call starts
+  // when the device is free (the previous call's deadline, however late its thread woke up) and
+  // occupies it for d. Returns the call's deadline.
+  Clock::time_point reserve(Clock::duration d) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_at_ = std::max(Clock::now(), free_at_) + d;
+    return free_at_;
+  }
+
   ModelConfig c_;
   SimProfile p_;
+  mutable std::mutex mu_;
+  mutable Clock::time_point free_at_{};  // when the simulated device finishes its queued work
   std::vector<float> q_;          // [kPool][q_width]
   std::vector<uint16_t> k_, v_;   // [kPool][kv_width] fp16
   std::vector<float> logits_;     // [kLogitPool][vocab]

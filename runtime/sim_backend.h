@@ -33,8 +33,13 @@ struct SimProfile {
 SimProfile parse_sim_profile(const std::string& text, const std::string& name);
 SimProfile load_sim_profile(const std::string& path);
 
-// attn_in and attn_out each last T(rows)/2 from their call (sleep, then spin for the last
-// ~150 µs), or longer when producing the outputs takes longer. embed and logits add no delay.
+// attn_in and attn_out each occupy the simulated device for T(rows)/2. attn_in returns at the end
+// of that (sleep, then spin for the last ~150 µs), or later when producing the outputs takes
+// longer; attn_out is queued like an asynchronous kernel launch and returns at once, and the next
+// attn_in or logits on the same state waits for it.
+// The device is one GPU shared by all states of the backend: calls from several threads (the
+// GPU streams of both mini-batches) queue for it and run one after the other, as kernels of two
+// streams do on one busy GPU. embed and logits add no delay.
 // Throws fd::Error for an invalid model shape or an empty profile.
 std::unique_ptr<SPartBackend> make_sim_backend(const ModelConfig& cfg, SimProfile profile);
 

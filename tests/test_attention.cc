@@ -69,16 +69,17 @@ struct TestKv {
 // error ~ sqrt(hd) u S (S = scale * sum|q k|); a score error e moves the normalised weights by
 // <= 2e relative, hence the output by <= 2e max|v|. The streaming sum over len values adds
 // ~ sqrt(len) u max|v| (x2 margin); exp, rescaling and the final division add <= 8 u.
-void reference(const std::vector<float>& q, int n_q, int q_pos0, const TestKv& kv, int n_heads,
-               std::vector<double>& out, std::vector<double>& tol) {
+// qs: the queries already multiplied by 1/sqrt(head_dim).
+void reference_scaled(const std::vector<double>& qs, int n_q, int q_pos0, const TestKv& kv, int n_heads,
+                      std::vector<double>& out, std::vector<double>& tol) {
   const int hd = kv.head_dim, g = n_heads / kv.n_kv_heads;
-  const double scale = 1.0 / std::sqrt(double(hd));
+  const auto& q = qs;
   out.assign(q.size(), 0.0);
   tol.assign(q.size(), 0.0);
   for (int r = 0; r < n_q; ++r)
     for (int h = 0; h < n_heads; ++h) {
       const int kvh = h / g, n = q_pos0 + r + 1;
-      const float* qh = &q[(size_t(r) * n_heads + h) * hd];
+      const double* qh = &q[(size_t(r) * n_heads + h) * hd];
       std::vector<double> s(size_t(n), 0.0);
       double smax = -1e300, sabs = 0, vabs = 0;
       for (int t = 0; t < n; ++t) {
@@ -89,9 +90,9 @@ void reference(const std::vector<float>& q, int n_q, int q_pos0, const TestKv& k
           mag += std::fabs(qh[i] * kk);
           vabs = std::max(vabs, std::fabs(kv.v[(size_t(t) * kv.n_kv_heads + kvh) * hd + i]));
         }
-        s[size_t(t)] = dot * scale;
+        s[size_t(t)] = dot;
         smax = std::max(smax, s[size_t(t)]);
-        sabs = std::max(sabs, mag * scale);
+        sabs = std::max(sabs, mag);
       }
       double den = 0;
       for (auto& x : s) den += (x = std::exp(x - smax));
@@ -102,6 +103,13 @@ void reference(const std::vector<float>& q, int n_q, int q_pos0, const TestKv& k
           vabs * kU * (2 * std::sqrt(double(hd)) * sabs + 2 * std::sqrt(double(n)) + 8);
       std::fill(&tol[(size_t(r) * n_heads + h) * hd], &tol[(size_t(r) * n_heads + h) * hd] + hd, bound);
     }
+}
+
+void reference(const std::vector<float>& q, int n_q, int q_pos0, const TestKv& kv, int n_heads,
+               std::vector<double>& out, std::vector<double>& tol) {
+  std::vector<double> qs(q.size());
+  for (size_t i = 0; i < q.size(); ++i) qs[i] = q[i] / std::sqrt(double(kv.head_dim));
+  reference_scaled(qs, n_q, q_pos0, kv, n_heads, out, tol);
 }
 
 void check_case(int len, int head_dim, int gqa, int n_q, int block_tokens, uint32_t seed) {
@@ -229,9 +237,44 @@ struct QuantKv {
   }
 };
 
-// Largest quantization step / 2 of the format for a row whose group maxima are amax.
+// Largest rounding error of the format for a group whose largest magnitude is amax: half a step
+// (q8: amax/127 / 2, q4: amax/7 / 2); q4 stores its scale as fp16 (relative rounding <= 2^-11),
+// which widens its step by that factor.
 double half_step(fd::kernels::KvDtype dt, double amax) {
-  return dt == fd::kernels::KvDtype::q8 ? amax / 254.0 : amax / 14.0;
+  return dt == fd::kernels::KvDtype::q8 ? amax / 254.0 : amax / 14.0 * (1.0 + 1.0 / 2048.0);
+}
+
+// The query transform of the quantized formats (kernels/kv_format.h), written out here: in fp32
+// x = q * fl(1/sqrt(hd)), scale = max|x| / levels (q8: 32767, q4: 127), x -> round(x / scale) * scale.
+// Returns the transformed queries in double; f16 keeps q / sqrt(hd) unrounded.
+std::vector<double> transformed_q(const std::vector<float>& q, int hd, fd::kernels::KvDtype dt) {
+  std::vector<double> out(q.size());
+  const float scale = 1.0f / std::sqrt(float(hd));
+  for (size_t r = 0; r < q.size() / size_t(hd); ++r) {
+    const float* qr = &q[r * size_t(hd)];
+    double* o = &out[r * size_t(hd)];
+    if (dt == fd::kernels::KvDtype::f16) {
+      for (int c = 0; c < hd; ++c) o[c] = qr[c] / std::sqrt(double(hd));
+      continue;
+    }
+    const float levels = dt == fd::kernels::KvDtype::q8 ? 32767.0f : 127.0f;
+    float amax = 0.0f;
+    for (int c = 0; c < hd; ++c) amax = std::max(amax, std::fabs(qr[c] * scale));
+    const float s = amax / levels, inv = s > 0.0f ? 1.0f / s : 0.0f;
+    for (int c = 0; c < hd; ++c) {
+      const float x = qr[c] * scale;
+      o[c] = double(s) * std::clamp(std::nearbyint(x * inv), -levels, levels);
+    }
+  }
+  return out;
+}
+
+// The largest query scale max|q / sqrt(hd)| / levels over the rows of q (0 for f16).
+double max_query_scale(const std::vector<float>& q, int hd, fd::kernels::KvDtype dt) {
+  if (dt == fd::kernels::KvDtype::f16) return 0.0;
+  double amax = 0;
+  for (float x : q) amax = std::max(amax, std::fabs(double(x)));
+  return amax / std::sqrt(double(hd)) / (dt == fd::kernels::KvDtype::q8 ? 32767.0 : 127.0);
 }
 
 std::vector<float> random_q(size_t n, float range, uint32_t seed) {
@@ -275,63 +318,107 @@ TEST_CASE("quantized KV formats stay within half a quantization step", "[attenti
   CHECK_FALSE(fd::kernels::parse_kv_dtype("int4", &parsed));
 }
 
-TEST_CASE("quantized attention reads the decoded values exactly and stays near fp16", "[attention]") {
+namespace {
+
+// One case through attention() and through attention_batch on 1 and 2 threads (bit-identical),
+// checked against the decoded values and against the fp16 originals.
+void check_quant_case(fd::kernels::KvDtype dt, int len, int hd, int gqa, int n_q, int bt, uint32_t seed) {
+  INFO(fd::kernels::kv_dtype_name(dt) << " hd " << hd << " len " << len << " n_q " << n_q << " gqa " << gqa
+                                      << " block " << bt);
+  const int n_kv = 2, n_heads = n_kv * gqa;
+  const fd::kernels::AttnDims d{n_heads, n_kv, hd};
+  const QuantKv kv(dt, n_kv, hd, bt, len, seed);
+  const auto q = random_q(size_t(n_q) * n_heads * hd, 2.0f, seed + 5);
+  std::vector<float> out(q.size());
+  fd::kernels::attention(q.data(), n_q, len - n_q, kv.view(), d, out.data());
+  for (int threads : {1, 2}) {
+    fd::kernels::ThreadPool pool(threads);
+    std::vector<float> got(q.size(), -7.0f);
+    const fd::kernels::AttnItem item{q.data(), got.data(), n_q, len - n_q, kv.view()};
+    fd::kernels::attention_batch(&item, 1, d, pool);
+    CHECK(got == out);
+  }
+
+  // With the decoded K/V and the transformed query only fp32 rounding remains: reference()'s bound.
+  std::vector<double> dec, dec_tol, exact, exact_tol;
+  reference_scaled(transformed_q(q, hd, dt), n_q, len - n_q, kv.decoded(), n_heads, dec, dec_tol);
+  reference(q, n_q, len - n_q, kv.src, n_heads, exact, exact_tol);
+  // Against the fp16 originals: key rounding errors e (uniform within +-e_k, independent per
+  // element) move a score by sigma_k = sqrt(sum q^2 e_k^2 / 3) / sqrt(hd); query rounding errors
+  // (uniform within +-qscale/2) by sigma_q = qscale/2 * sqrt(sum k^2 / 3) <= qscale/2 * kmax *
+  // sqrt(hd / 3). Allow 6 sigma: output error <= 2 * 6 sigma * max|v| through the weights, plus
+  // the largest value error e_v.
+  double e_k = 0, e_v = 0, vmax = 0, kmax = 0;
+  for (size_t i = 0; i < kv.kq.size(); ++i) {
+    e_k = std::max(e_k, std::fabs(kv.kq[i] - kv.src.k[i]));
+    e_v = std::max(e_v, std::fabs(kv.vq[i] - kv.src.v[i]));
+    vmax = std::max(vmax, std::fabs(kv.src.v[i]));
+    kmax = std::max(kmax, std::fabs(kv.kq[i]));
+  }
+  double q2max = 0;
+  for (size_t r = 0; r < q.size() / size_t(hd); ++r) {
+    double q2 = 0;
+    for (int i = 0; i < hd; ++i) q2 += double(q[r * hd + size_t(i)]) * q[r * hd + size_t(i)];
+    q2max = std::max(q2max, q2);
+  }
+  const double sigma_k = std::sqrt(q2max * e_k * e_k / 3.0) / std::sqrt(double(hd));
+  const double sigma_q = max_query_scale(q, hd, dt) / 2 * kmax * std::sqrt(hd / 3.0);
+  const double quant_tol = 2 * 6 * std::hypot(sigma_k, sigma_q) * vmax + e_v;
+  size_t bad_dec = 0, bad_exact = 0;
+  double worst = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    worst = std::max(worst, std::fabs(out[i] - dec[i]) / dec_tol[i]);
+    bad_dec += !(std::fabs(out[i] - dec[i]) <= dec_tol[i]);
+    bad_exact += !(std::fabs(out[i] - exact[i]) <= quant_tol + exact_tol[i]);
+  }
+  INFO("worst error / bound vs decoded " << worst);
+  CHECK(bad_dec == 0);
+  CHECK(bad_exact == 0);
+  if (dt == fd::kernels::KvDtype::f16) CHECK(e_k == 0);
+}
+
+}  // namespace
+
+TEST_CASE("quantized decode attention matches the references for every dtype", "[attention]") {
   using fd::kernels::KvDtype;
   for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
     for (int hd : {64, 128})
-      for (auto [len, n_q, gqa, bt] : {std::tuple{1, 1, 1, 16}, {33, 1, 4, 16}, {300, 1, 8, 16},
-                                       {40, 40, 1, 16}, {70, 5, 4, 7}}) {
-        INFO(fd::kernels::kv_dtype_name(dt) << " hd " << hd << " len " << len << " n_q " << n_q << " gqa "
-                                            << gqa << " block " << bt);
-        const int n_kv = 2, n_heads = n_kv * gqa;
-        const QuantKv kv(dt, n_kv, hd, bt, len, uint32_t(len * 3 + hd + gqa));
-        const auto q = random_q(size_t(n_q) * n_heads * hd, 1.0f, uint32_t(len + 5));
-        std::vector<float> out(q.size());
-        fd::kernels::attention(q.data(), n_q, len - n_q, kv.view(), {n_heads, n_kv, hd}, out.data());
+      for (int gqa : {1, 4, 8})
+        for (int len : {1, 7, 33, 1000}) check_quant_case(dt, len, hd, gqa, 1, 16, uint32_t(len * 3 + hd + gqa));
+}
 
-        std::vector<double> dec, dec_tol, exact, exact_tol;
-        reference(q, n_q, len - n_q, kv.decoded(), n_heads, dec, dec_tol);
-        reference(q, n_q, len - n_q, kv.src, n_heads, exact, exact_tol);
-        // Quantization noise is uniform within +-half a step and independent per element, so a
-        // score moves by sigma = scale * sqrt(sum q^2 e^2 / 3); allow 6 sigma, i.e. output error
-        // <= 2 * 6 sigma * max|v| from the weights, plus the largest value error e_v.
-        double e_k = 0, e_v = 0, vmax = 0;
-        for (size_t i = 0; i < kv.kq.size(); ++i) {
-          e_k = std::max(e_k, std::fabs(kv.kq[i] - kv.src.k[i]));
-          e_v = std::max(e_v, std::fabs(kv.vq[i] - kv.src.v[i]));
-          vmax = std::max(vmax, std::fabs(kv.src.v[i]));
-        }
-        double q2max = 0;
-        for (size_t r = 0; r < q.size() / size_t(hd); ++r) {
-          double q2 = 0;
-          for (int i = 0; i < hd; ++i) q2 += double(q[r * hd + size_t(i)]) * q[r * hd + size_t(i)];
-          q2max = std::max(q2max, q2);
-        }
-        const double sigma = std::sqrt(q2max * e_k * e_k / 3.0) / std::sqrt(double(hd));
-        const double quant_tol = 2 * 6 * sigma * vmax + e_v;
-        size_t bad_dec = 0, bad_exact = 0;
-        for (size_t i = 0; i < out.size(); ++i) {
-          bad_dec += !(std::fabs(out[i] - dec[i]) <= dec_tol[i]);
-          bad_exact += !(std::fabs(out[i] - exact[i]) <= quant_tol + exact_tol[i]);
-        }
-        CHECK(bad_dec == 0);
-        CHECK(bad_exact == 0);
-        if (dt == KvDtype::f16) CHECK(e_k == 0);
-      }
+TEST_CASE("quantized causal prefill matches the references for every dtype", "[attention]") {
+  using fd::kernels::KvDtype;
+  for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
+    for (int hd : {64, 128})
+      for (int gqa : {1, 4})
+        for (auto [len, n_q, bt] : {std::tuple{33, 33, 16}, {70, 5, 7}, {40, 40, 5}, {1000, 24, 16}, {9, 9, 1}})
+          check_quant_case(dt, len, hd, gqa, n_q, bt, uint32_t(len + n_q + hd + gqa));
+}
+
+TEST_CASE("quantized attention handles narrow and odd heads", "[attention]") {
+  using fd::kernels::KvDtype;
+  for (int len : {1, 7, 33, 100}) {
+    check_quant_case(KvDtype::q8, len, 8, 2, std::min(len, 3), 16, uint32_t(len));  // stories260K
+    check_quant_case(KvDtype::q8, len, 20, 1, 1, 5, uint32_t(len + 1));            // no vector path
+    check_quant_case(KvDtype::q4, len, 32, 4, 1, 5, uint32_t(len + 2));
+    check_quant_case(KvDtype::q4, len, 256, 3, std::min(len, 2), 48, uint32_t(len + 3));
+  }
 }
 
 TEST_CASE("quantized attention gives the same answer on every SIMD target", "[attention]") {
   using fd::kernels::KvDtype;
-  for (KvDtype dt : {KvDtype::q8, KvDtype::q4}) {
-    const QuantKv kv(dt, 2, 64, 16, 50, 31);
-    const auto q = random_q(size_t(3) * 8 * 64, 1.0f, 32);
+  for (auto [dt, hd] : {std::pair{KvDtype::q8, 64}, {KvDtype::q8, 8}, {KvDtype::q8, 128}, {KvDtype::q4, 32},
+                        {KvDtype::q4, 64}, {KvDtype::q4, 128}}) {
+    const QuantKv kv(dt, 2, hd, 16, 50, 31);
+    const auto q = random_q(size_t(3) * 8 * hd, 2.0f, 32);
     std::vector<double> ref, tol;
-    reference(q, 3, 47, kv.decoded(), 8, ref, tol);
+    reference_scaled(transformed_q(q, hd, dt), 3, 47, kv.decoded(), 8, ref, tol);
     for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
       hwy::SetSupportedTargetsForTest(target);
-      INFO("target " << hwy::TargetName(target) << " " << fd::kernels::kv_dtype_name(dt));
+      INFO("target " << hwy::TargetName(target) << " " << fd::kernels::kv_dtype_name(dt) << " hd " << hd);
       std::vector<float> out(q.size());
-      fd::kernels::attention(q.data(), 3, 47, kv.view(), {8, 2, 64}, out.data());
+      fd::kernels::attention(q.data(), 3, 47, kv.view(), {8, 2, hd}, out.data());
       size_t bad = 0;
       for (size_t i = 0; i < out.size(); ++i) bad += !(std::fabs(out[i] - ref[i]) <= tol[i]);
       CHECK(bad == 0);
@@ -344,7 +431,7 @@ TEST_CASE("attention_batch matches per-sequence attention bit for bit at any thr
   using fd::kernels::KvDtype;
   const int n_kv = 4, hd = 64, gqa = 2, n_heads = n_kv * gqa;
   const fd::kernels::AttnDims d{n_heads, n_kv, hd};
-  for (KvDtype dt : {KvDtype::f16, KvDtype::q8}) {
+  for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4}) {
     std::vector<QuantKv> seqs;
     std::vector<int> n_qs;
     for (int s = 0; s < 9; ++s) {

@@ -26,7 +26,7 @@ std::vector<fd::gen_request> requests(int n) {
   std::vector<fd::gen_request> out;
   for (int i = 0; i < n; ++i) {
     fd::gen_request r;
-    r.prompt = {1};
+    r.prompt.push_back(1);  // BOS
     for (int t = 0; t <= i; ++t) r.prompt.push_back(10 + 7 * t + i);
     r.max_new = 160;
     out.push_back(r);
@@ -90,4 +90,31 @@ TEST_CASE("with every shard gone, work waits and then fails with a clear error",
   auto res = fd::generate(sys, node.scheduler, requests(2), std::chrono::seconds(30));
   for (auto& r : res) CHECK(r.error.find("no R-worker shard") != std::string::npos);
   fd::stop_local_node(node);
+}
+
+TEST_CASE("waiting for room in the batch does not count against --shard-wait", "[faults]") {
+  auto model = slow_enough_model();
+  fd::kernels::set_gemm_threads(1);
+  caf::actor_system_config cfg;
+  fd::configure_caf(cfg, 2);
+  caf::actor_system sys{cfg};
+  fd::LocalOptions opt;
+  opt.shards = 1;
+  opt.log = false;
+  opt.max_batch = 1;  // one sequence at a time: the others queue for room, a shard serving
+  opt.shard_wait = std::chrono::milliseconds(1);
+  fd::LocalNode node = fd::start_local_node(sys, model, opt);
+  const std::vector<fd::gen_request> reqs = requests(12);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<fd::gen_result> res =
+      fd::generate(sys, node.scheduler, reqs, std::chrono::minutes(2));
+  const auto wall = std::chrono::steady_clock::now() - t0;
+  fd::stop_local_node(node);
+  // The scheduler checks waits once a second: the run must see such a check with requests queued.
+  REQUIRE(wall > std::chrono::milliseconds(1500));
+  for (size_t i = 0; i < res.size(); ++i) {
+    INFO("request " << i);
+    CHECK(res[i].error == "");
+    CHECK(res[i].tokens.size() == 160);
+  }
 }

@@ -6,15 +6,18 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "actors/trace_packed.h"
 #include "caf/all.hpp"
 #include "examples/common/json.h"
 #include "runtime/error.h"
 #include "runtime/load_control.h"
+#include "runtime/sim_backend.h"
 
 namespace po = boost::program_options;
 
@@ -29,10 +32,15 @@ struct Collected {
 };
 
 trace_sink::behavior_type collector(trace_sink::pointer, std::shared_ptr<Collected> out) {
+  auto nodes = std::make_shared<std::map<int32_t, std::string>>();  // shard id -> node
   return {[out](trace_batch& b) {
-    std::lock_guard<std::mutex> lock(out->mu);
-    for (auto& e : b.events) out->events.push_back(std::move(e));
-  }};
+            std::lock_guard<std::mutex> lock(out->mu);
+            for (auto& e : b.events) out->events.push_back(std::move(e));
+          },
+          [out, nodes](trace_packed& p) {
+            std::lock_guard<std::mutex> lock(out->mu);
+            unpack_spans(p, *nodes, out->events);
+          }};
 }
 
 size_t event_count(Collected& c) {
@@ -67,14 +75,17 @@ double union_length(std::vector<std::pair<int64_t, int64_t>> iv, int64_t lo, int
   return total;
 }
 
-void collect_steps(const std::vector<trace_event>& events, ScheduleRunResult& run) {
+// device: the simulated S-part's profile, or null for a backend whose device time is unknown.
+void collect_steps(const std::vector<trace_event>& events, ScheduleRunResult& run,
+                   const SimProfile* device) {
   std::vector<const trace_event*> steps;
-  std::vector<std::pair<int64_t, int64_t>> s_iv, r_iv;
+  std::vector<std::pair<int64_t, int64_t>> s_iv;
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> r_iv;  // by shard track
   for (const trace_event& e : events) {
     if (e.ph != 'X') continue;
     if (e.kind == "mini_batch" && e.name == "step") steps.push_back(&e);
     if (e.kind == "gpu_stream" && e.name == "S") s_iv.emplace_back(e.ts_us, e.ts_us + e.dur_us);
-    if (e.kind == "shard" && e.name == "R") r_iv.emplace_back(e.ts_us, e.ts_us + e.dur_us);
+    if (e.kind == "shard" && e.name == "R") r_iv[e.track].emplace_back(e.ts_us, e.ts_us + e.dur_us);
   }
   if (steps.empty()) return;
   std::stable_sort(steps.begin(), steps.end(),
@@ -98,8 +109,34 @@ void collect_steps(const std::vector<trace_event>& events, ScheduleRunResult& ru
     run.steps.push_back(s);
   }
   run.window_ms = double(hi - lo) / 1e3;
-  run.s_busy_ms = union_length(std::move(s_iv), lo, hi) / 1e3;
-  run.r_busy_ms = union_length(std::move(r_iv), lo, hi) / 1e3;
+  // Busy and idle over the middle half of the run: the pipeline fills during the first steps
+  // and drains during the last ones, where one side waits whatever the schedule.
+  const int64_t a = lo + (hi - lo) / 4, b = lo + 3 * (hi - lo) / 4;
+  run.steady_from_ms = double(a - lo) / 1e3;
+  run.steady_ms = double(b - a) / 1e3;
+  if (device) {
+    // The simulated device works N·T(rows) per step, within the S spans; a span also holds the
+    // hand-overs and the wait for the other mini-batch's S-part, so its union overstates the
+    // device's work whenever a stream thread wakes late (a loaded machine).
+    run.s_busy_ms = 0;
+    for (const ScheduleStep& st : run.steps) {
+      const double end = st.t0_ms + st.latency_ms;
+      if (end >= run.steady_from_ms && end < run.steady_from_ms + run.steady_ms)
+        run.s_busy_ms += 1e3 * run.layers * device->layer_seconds(st.rows);
+    }
+    run.s_busy_ms = std::min(run.s_busy_ms, run.steady_ms);
+  } else {
+    run.s_busy_ms = union_length(std::move(s_iv), a, b) / 1e3;
+  }
+  // Each shard is a worker of the R side: its busy time is the mean over shards, so a shard
+  // waiting for a slower one counts as idle. A shard serves one request at a time, so its busy
+  // time is the sum of its compute spans; their union would lose the overlap that a late reply
+  // gives two back-to-back spans (where a span lies is only estimated from the reply's arrival).
+  run.r_busy_ms = 0;
+  for (auto& [track, iv] : r_iv)
+    for (auto [t0, t1] : iv) run.r_busy_ms += double(std::max<int64_t>(0, std::min(t1, b) - std::max(t0, a))) / 1e3;
+  run.shards = int(r_iv.size());
+  if (run.shards > 0) run.r_busy_ms /= run.shards;
 }
 
 }  // namespace
@@ -128,9 +165,10 @@ ScheduleRunResult run_schedule(std::shared_ptr<const Model> model, const LocalOp
     const auto t0 = Clock::now();
     run.results = generate(sys, node.scheduler, reqs, std::chrono::minutes(30));
     run.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    // The last step's trace leaves its mini-batch after the answers; wait until nothing arrives.
+    // The last steps' spans leave their mini-batch up to kTraceFlush after the answers; wait
+    // until nothing arrives.
     for (size_t n = event_count(*got);;) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(2 * kTraceFlush + std::chrono::milliseconds(50));
       const size_t m = event_count(*got);
       if (m == n) break;
       n = m;
@@ -139,7 +177,13 @@ ScheduleRunResult run_schedule(std::shared_ptr<const Model> model, const LocalOp
     stop_local_node(node);
   }
   for (const gen_result& r : run.results) run.generated += int64_t(r.tokens.size());
-  collect_steps(got->events, run);
+  run.layers = model->cfg.n_layers;
+  if (opt.backend == "sim") {
+    const SimProfile device = load_sim_profile(opt.sim_profile);
+    collect_steps(got->events, run, &device);
+  } else {
+    collect_steps(got->events, run, nullptr);
+  }
   return run;
 }
 
@@ -153,17 +197,84 @@ ScheduleSummary summarize(const ScheduleRunResult& run) {
   }
   if (!run.steps.empty()) s.mean_load = load_sum / double(run.steps.size());
   if (run.wall_s > 0) s.tokens_per_s = double(run.generated) / run.wall_s;
-  if (run.window_ms > 0) {
-    s.s_idle_frac = std::max(0.0, 1 - run.s_busy_ms / run.window_ms);
-    s.r_idle_frac = std::max(0.0, 1 - run.r_busy_ms / run.window_ms);
-    // Each sequence of a step generates one token; the middle half leaves out warm-up and drain.
-    const double a = run.window_ms / 4, b = 3 * run.window_ms / 4;
-    double tokens = 0;
-    for (const ScheduleStep& st : run.steps)
-      if (st.t0_ms + st.latency_ms >= a && st.t0_ms + st.latency_ms < b) tokens += st.seqs;
-    s.steady_tokens_per_s = tokens / ((b - a) / 1e3);
+  if (run.steady_ms > 0) {
+    s.s_idle_frac = std::max(0.0, 1 - run.s_busy_ms / run.steady_ms);
+    s.r_idle_frac = std::max(0.0, 1 - run.r_busy_ms / run.steady_ms);
+    // Each sequence of a step generates one token.
+    const double a = run.steady_from_ms, b = a + run.steady_ms;
+    double tokens = 0, s_ms = 0, r_ms = 0;
+    int n = 0;
+    for (const ScheduleStep& st : run.steps) {
+      const double end = st.t0_ms + st.latency_ms;
+      if (end < a || end >= b) continue;
+      tokens += st.seqs;
+      s_ms += st.s_ms;
+      r_ms += st.r_ms;
+      ++n;
+    }
+    s.steady_tokens_per_s = tokens / (run.steady_ms / 1e3);
+    if (n > 0 && run.layers > 0) {
+      s.s_layer_ms = s_ms / (double(n) * run.layers);
+      s.r_layer_ms = r_ms / (double(n) * run.layers);
+      s.r_compute_layer_ms = run.r_busy_ms / (double(n) * run.layers);
+    }
   }
   return s;
+}
+
+std::vector<gen_request> make_schedule_requests(int n, int max_new, int vocab, int32_t bos,
+                                               uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<gen_request> out(n);
+  for (int i = 0; i < n; ++i) {
+    const int len = 2 + int(rng() % (kMaxSchedulePrompt - 1));  // 2..8 tokens
+    out[i].prompt.push_back(bos);
+    while (int(out[i].prompt.size()) < len) out[i].prompt.push_back(3 + int32_t(rng() % (vocab - 3)));
+    out[i].max_new = max_new;
+    out[i].tag = uint64_t(i);
+  }
+  return out;
+}
+
+std::shared_ptr<Model> schedule_model(const ModelConfig& mc, const std::string& backend, uint64_t seed) {
+  if (backend != "sim") {
+    auto m = std::make_shared<Model>(make_random_model(mc, seed));
+    m->vocab.eos = -1;  // every request runs its S steps, as in the paper's model
+    return m;
+  }
+  ModelConfig tiny = mc;  // the vocabulary of the shape, with weights of a minimal model
+  tiny.n_layers = 1;
+  tiny.dim = tiny.ff = 16;
+  tiny.n_heads = tiny.n_kv_heads = 1;
+  tiny.head_dim = 16;
+  auto m = std::make_shared<Model>(make_random_model(tiny, seed));
+  m->cfg = mc;
+  m->tok_embd.clear();
+  m->layers.clear();
+  m->out_norm.clear();
+  m->output.clear();
+  m->vocab.eos = -1;
+  return m;
+}
+
+LocalOptions schedule_node_options(const ModelConfig& mc, const std::string& backend,
+                                   const std::string& sim_profile, int shards, int pipeline,
+                                   const ScheduleConfig& schedule) {
+  LocalOptions base;
+  base.backend = backend;
+  base.sim_profile = sim_profile;
+  base.shards = shards;
+  base.pipeline = pipeline;
+  base.scheduled = true;
+  base.schedule = schedule;
+  base.max_batch = std::max(base.max_batch, schedule.batch * pipeline);
+  // Room for B sequences of the longest length per mini-batch, in 16-token pages, twice over.
+  const size_t token_bytes = size_t(mc.n_layers) * 2 * mc.kv_width() * sizeof(uint16_t);
+  const size_t seq_tokens =
+      size_t((kMaxSchedulePrompt + schedule.seq_len) / base.block_tokens + 2) * base.block_tokens;
+  base.kv_memory = std::max<size_t>(
+      size_t(64) << 20, 2 * size_t(schedule.batch) * pipeline * seq_tokens * token_bytes / shards);
+  return base;
 }
 
 namespace {
@@ -179,6 +290,7 @@ struct Options {
   int requests = 0;  // 0: 4·B per mini-batch
   int dim = 4096, heads = 32, kv_heads = 32, ff = 11008, layers = 2, vocab = 512;
   int threads = 2;
+  int attn_threads = 0;  // the node's attention threads, shared by its shards; 0: all cores
   uint64_t seed = 1;
 };
 
@@ -215,6 +327,9 @@ bool parse_options(int argc, char** argv, Options& o) {
       ("layers", po::value(&o.layers)->default_value(o.layers), "random model: layers")
       ("vocab", po::value(&o.vocab)->default_value(o.vocab), "random model: vocabulary")
       ("threads", po::value(&o.threads)->default_value(o.threads), "actor scheduler threads")
+      ("attn-threads", po::value(&o.attn_threads)->default_value(o.attn_threads),
+       "attention threads shared by the shards (0: all cores; fewer leave cores to the S side's "
+       "actors, as R-workers on other nodes would)")
       ("seed", po::value(&o.seed)->default_value(o.seed), "model and prompt seed");
   po::variables_map vm;
   po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -231,21 +346,6 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.heads < 1 || o.kv_heads < 1 || o.dim % o.heads || o.heads % o.kv_heads)
     throw Error("--dim must be a multiple of --heads, and --heads a multiple of --kv-heads.");
   return true;
-}
-
-constexpr int kMaxPrompt = 8;
-
-std::vector<gen_request> make_requests(int n, int max_new, int vocab, int32_t bos, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<gen_request> out(n);
-  for (int i = 0; i < n; ++i) {
-    const int len = 2 + int(rng() % (kMaxPrompt - 1));  // 2..8 tokens
-    out[i].prompt.push_back(bos);
-    while (int(out[i].prompt.size()) < len) out[i].prompt.push_back(3 + int32_t(rng() % (vocab - 3)));
-    out[i].max_new = max_new;
-    out[i].tag = uint64_t(i);
-  }
-  return out;
 }
 
 const char* color_of(size_t i) {
@@ -334,31 +434,21 @@ int bench_schedule_main(int argc, char** argv) {
   mc.head_dim = o.dim / o.heads;
   mc.ff = o.ff;
   mc.vocab = o.vocab;
-  mc.ctx = kMaxPrompt + o.seq_len + 1;
-  auto model = std::make_shared<Model>(make_random_model(mc, o.seed));
+  mc.ctx = kMaxSchedulePrompt + o.seq_len + 1;
   // Every request runs its S steps, as in the paper's model: no token ends a sequence early.
-  model->vocab.eos = -1;
+  auto model = schedule_model(mc, o.backend, o.seed);
 
-  LocalOptions base;
-  base.backend = o.backend;
-  base.sim_profile = o.sim_profile;
-  base.shards = o.shards;
-  base.pipeline = o.pipeline;
-  base.scheduled = true;
-  base.schedule.batch = o.batch;
-  base.schedule.seq_len = o.seq_len;
-  base.schedule.interval = o.interval;
-  base.schedule.micro_batch = o.micro_batch;
-  base.schedule.load_limit = o.load_limit;
-  base.max_batch = std::max(base.max_batch, o.batch * o.pipeline);
-  // Room for B sequences of the longest length per mini-batch, in 16-token pages, twice over.
-  const size_t token_bytes = size_t(mc.n_layers) * 2 * mc.kv_width() * sizeof(uint16_t);
-  const size_t seq_tokens = size_t((kMaxPrompt + o.seq_len) / base.block_tokens + 2) * base.block_tokens;
-  base.kv_memory = std::max<size_t>(
-      size_t(64) << 20, 2 * size_t(o.batch) * o.pipeline * seq_tokens * token_bytes / o.shards);
+  ScheduleConfig sc;
+  sc.batch = o.batch;
+  sc.seq_len = o.seq_len;
+  sc.interval = o.interval;
+  sc.micro_batch = o.micro_batch;
+  sc.load_limit = o.load_limit;
+  LocalOptions base = schedule_node_options(mc, o.backend, o.sim_profile, o.shards, o.pipeline, sc);
+  base.attn_threads = o.attn_threads;
 
   const int n = o.requests > 0 ? o.requests : 4 * o.batch * o.pipeline;
-  const auto reqs = make_requests(n, o.seq_len, mc.vocab, model->vocab.bos, o.seed);
+  const auto reqs = make_schedule_requests(n, o.seq_len, mc.vocab, model->vocab.bos, o.seed);
 
   std::vector<ScheduleRunResult> runs;
   for (const std::string& name : o.schedules) {
@@ -386,14 +476,17 @@ int bench_schedule_main(int argc, char** argv) {
           .add("steady_tokens_per_s", s.steady_tokens_per_s)
           .add("s_idle_frac", s.s_idle_frac)
           .add("r_idle_frac", s.r_idle_frac)
+          .add("s_layer_ms", s.s_layer_ms)
+          .add("r_layer_ms", s.r_layer_ms)
+          .add("r_compute_layer_ms", s.r_compute_layer_ms)
           .add("wall_s", run.wall_s);
       std::cout << j.str() << std::endl;
     } else {
       std::printf("%-13s steps %5zu  peak W %7lld  mean W %9.1f  peak step %7.2f ms  %8.1f tok/s "
-                  "(steady %8.1f)  S idle %5.1f%%  R idle %5.1f%%  wall %.1f s\n",
+                  "(steady %8.1f)  S idle %5.1f%%  R idle %5.1f%%  S %.2f R %.2f ms/layer  wall %.1f s\n",
                   run.schedule.c_str(), run.steps.size(), static_cast<long long>(s.peak_load),
                   s.mean_load, s.peak_step_ms, s.tokens_per_s, s.steady_tokens_per_s,
-                  100 * s.s_idle_frac, 100 * s.r_idle_frac, run.wall_s);
+                  100 * s.s_idle_frac, 100 * s.r_idle_frac, s.s_layer_ms, s.r_layer_ms, run.wall_s);
       std::fflush(stdout);
     }
     runs.push_back(std::move(run));

@@ -9,6 +9,7 @@
 
 #include "actors/system.h"
 #include "caf/actor_system.hpp"
+#include "runtime/load_control.h"
 #include "runtime/model.h"
 
 namespace fd {
@@ -32,8 +33,14 @@ struct ScheduleRunResult {
   std::vector<gen_result> results;     // [requests]
   double wall_s = 0;                   // from the first request sent to the last answer
   int64_t generated = 0;               // tokens generated over all requests
-  double s_busy_ms = 0, r_busy_ms = 0; // union of S spans / of shard R spans over the window
   double window_ms = 0;                // from the first step start to the last step end
+  // The steady window, the middle half of [first step start, last step end]:
+  double steady_from_ms = 0, steady_ms = 0;  // its start (from the first step start), length
+  double s_busy_ms = 0;                // the S-part device's work within it: N·T(rows) per step
+                                       // for the sim backend, else the union of S spans
+  double r_busy_ms = 0;                // R spans within it, mean over the shards
+  int shards = 0;                      // shards that computed
+  int layers = 0;                      // model layers
 };
 
 // Starts a local node with `opt` (log off, tracing on), sends every request at once and collects
@@ -47,10 +54,28 @@ struct ScheduleSummary {
   double peak_step_ms = 0;    // max step latency
   double tokens_per_s = 0;    // generated tokens / wall
   double steady_tokens_per_s = 0;  // generated tokens per second in the middle half of the window
-  double s_idle_frac = 0;     // 1 - S busy / window
-  double r_idle_frac = 0;     // 1 - R busy / window
+  double s_idle_frac = 0;     // 1 - S busy / steady window
+  double r_idle_frac = 0;     // 1 - R busy / steady window, mean over the shards
+  double s_layer_ms = 0;      // steady window: S-part ms per layer of a step, hand-overs included
+  double r_layer_ms = 0;      // steady window: R-part ms per layer of a step, request to last reply
+  double r_compute_layer_ms = 0;  // steady window: a shard's compute per layer of a step
 };
 ScheduleSummary summarize(const ScheduleRunResult& run);
+
+// The random workload: n requests with prompts of 2..kMaxSchedulePrompt tokens (bos first), each
+// generating max_new tokens.
+constexpr int kMaxSchedulePrompt = 8;
+std::vector<gen_request> make_schedule_requests(int n, int max_new, int vocab, int32_t bos,
+                                               uint64_t seed);
+
+// The model of the workload: random weights for a backend that computes, none for `sim`, which
+// reads only the shape (a 7B-shaped layer's weights take gigabytes and seconds to make).
+std::shared_ptr<Model> schedule_model(const ModelConfig& mc, const std::string& backend, uint64_t seed);
+
+// A local node under `schedule` with `shards` R-worker shards and KV memory for the workload.
+LocalOptions schedule_node_options(const ModelConfig& mc, const std::string& backend,
+                                   const std::string& sim_profile, int shards, int pipeline,
+                                   const ScheduleConfig& schedule);
 
 // argv[0] is the mode name ("schedule"). Returns the process exit code.
 int bench_schedule_main(int argc, char** argv);

@@ -6,6 +6,8 @@
 #include <random>
 #include <thread>
 
+#include <unistd.h>
+
 #include "actors/gatekeeper.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
@@ -75,6 +77,7 @@ int run_gpu_role(const NodeArgs& args) {
     std::cerr << "gpu node: stopping\n";
   } else {
     wait_for_shards(sys, node.scheduler, args.min_shards, args.min_shards_wait_s);
+    std::cerr << "gpu node: generating\n";
     rc = generate_and_print(sys, node.scheduler, *model, args);
   }
   caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
@@ -137,7 +140,12 @@ int run_cpu_role(const NodeArgs& args) {
   configure_caf(cfg, args.threads);
   configure_network(cfg, kConnectionTimeout);
   caf::actor_system sys{cfg};
-  const std::string name = args.node_name.empty() ? "cpu-" + std::to_string(::getpid()) : args.node_name;
+  std::string name = args.node_name;
+  if (name.empty()) {  // host:pid names the node in the gpu node's logs and traces
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    name = std::string(host) + ":" + std::to_string(::getpid());
+  }
   auto gate = connect(sys, hp, args.join);
   caf::scoped_actor self{sys};
 
@@ -159,7 +167,10 @@ int run_cpu_role(const NodeArgs& args) {
       kernels::AttnDims{shape.n_heads, shape.n_kv_heads, shape.head_dim}, shape.group,
       threads_per_shard(args.local.attn_threads, args.local.shards));
   std::vector<shard_actor> shards;
-  for (auto& s : reg.shards) shards.push_back(s.hdl);
+  for (auto& s : reg.shards) {
+    s.node = name;
+    shards.push_back(s.hdl);
+  }
   self->request(gate, std::chrono::seconds(30), std::move(reg))
       .receive([](shard_ids&) {},
                [&](caf::error& e) {

@@ -117,7 +117,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("min-shards-wait", po::value(&a.min_shards_wait_s)->default_value(60), "gpu: seconds")
       ("shard-wait", po::value(&shard_wait_s)->default_value(30),
        "seconds work waits for a shard when none can take it")
-      ("name", po::value(&a.node_name), "cpu: node name in logs")
+      ("name", po::value(&a.node_name), "cpu: node name in logs, traces and the trace console (default host:pid)")
       ("group", po::value(&a.group)->default_value(0),
        "cpu: R-group to serve (with --tensor-parallel/--pipeline-parallel on the gpu node)");
   po::variables_map vm;

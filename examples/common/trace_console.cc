@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 
+#include "actors/trace_packed.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "examples/common/client_connection.h"
@@ -41,14 +43,25 @@ int run_trace(const TraceArgs& args) {
   auto window_start = t0;
   bool gone = false;
   int rc = 0;
+  std::map<int32_t, std::string> shard_nodes;  // shard id -> node, as the node last said
+  std::vector<trace_event> unpacked;           // reused
+  auto take = [&](const std::vector<trace_event>& events) {
+    for (auto& e : events) {
+      view.add(e);
+      if (rec) rec->add(e);
+    }
+  };
   const std::string title = "fastdecode-trace " + conn.where;
   while (true) {
     self->receive(
-        [&](trace_batch& b) {
-          for (auto& e : b.events) {
-            view.add(e);
-            if (rec) rec->add(e);
-          }
+        [&](trace_batch& b) { take(b.events); },
+        [&](trace_packed& p) {
+          learn_shard_nodes(p, shard_nodes);
+          view.add_spans(p, shard_nodes);
+          if (!rec) return;
+          unpacked.clear();
+          unpack_spans(p, shard_nodes, unpacked);
+          for (auto& e : unpacked) rec->add(e);
         },
         [&](caf::down_msg&) { gone = true; },
         caf::after(std::chrono::milliseconds(50)) >> [] {});

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "actors/trace_packed.h"
 #include "examples/common/json.h"
 #include "runtime/error.h"
 
@@ -41,35 +42,52 @@ void ChromeTraceWriter::write(const std::string& obj) {
 }
 
 void ChromeTraceWriter::add(const trace_event& e) {
-  if (!f_) return;
-  auto p = pids_.find(e.kind);
-  if (p == pids_.end()) {
-    p = pids_.emplace(e.kind, static_cast<int>(pids_.size()) + 1).first;
-    write("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(p->second) +
-          ",\"tid\":0,\"args\":{\"name\":" + json_string(e.kind) + "}}");
+  if (!f_ || (e.ph != 'X' && e.ph != 'C')) return;
+  static const std::string local = kLocalNode;
+  const std::string& node = e.node.empty() ? local : e.node;
+  auto p = procs_.find(node);
+  if (p == procs_.end()) {
+    p = procs_.emplace(node, Process{static_cast<int>(procs_.size()) + 1, {}}).first;
+    write("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(p->second.pid) +
+          ",\"tid\":0,\"args\":{\"name\":" + json_string("node " + node) + "}}");
   }
-  auto t = tids_.find(e.track);
-  if (t == tids_.end()) {
-    t = tids_.emplace(e.track, static_cast<int>(tids_.size()) + 1).first;
-    write("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(p->second) +
+  const int pid = p->second.pid;
+  auto t = p->second.tids.find(e.track);
+  if (t == p->second.tids.end()) {
+    t = p->second.tids.emplace(e.track, next_tid_++).first;
+    write("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) +
           ",\"tid\":" + std::to_string(t->second) + ",\"args\":{\"name\":" +
-          json_string(e.track) + "}}");
+          json_string("node " + node + " / " + e.track) + "}}");
   }
   const bool counter = e.ph == 'C';
-  std::string obj = "{\"name\":" + json_string(counter ? e.track + " " + e.name : e.name) +
-                    ",\"cat\":" + json_string(e.kind) +
-                    ",\"ph\":" + json_string(std::string(1, e.ph)) +
-                    ",\"ts\":" + std::to_string(e.ts_us) + ",\"pid\":" +
-                    std::to_string(p->second) + ",\"tid\":" + std::to_string(t->second);
-  if (e.ph == 'X') obj += ",\"dur\":" + std::to_string(e.dur_us);
-  obj += ",\"args\":{";
+  std::string& o = line_;
+  o.clear();
+  o += "{\"name\":";
+  o += json_string(counter ? e.track + " " + e.name : e.name);
+  o += ",\"cat\":";
+  o += json_string(e.kind);
+  o += ",\"ph\":\"";
+  o += e.ph;
+  o += "\",\"ts\":";
+  o += std::to_string(e.ts_us);
+  o += ",\"pid\":";
+  o += std::to_string(pid);
+  o += ",\"tid\":";
+  o += std::to_string(t->second);
+  if (e.ph == 'X') {
+    o += ",\"dur\":";
+    o += std::to_string(e.dur_us);
+  }
+  o += ",\"args\":{";
   const size_t n = std::min(e.arg_names.size(), e.arg_values.size());
   for (size_t i = 0; i < n; ++i) {
-    if (i) obj += ',';
-    obj += json_string(e.arg_names[i]) + ":" + json_number(e.arg_values[i]);
+    if (i) o += ',';
+    o += json_string(e.arg_names[i]);
+    o += ':';
+    o += json_number(e.arg_values[i]);
   }
-  obj += "}}";
-  write(obj);
+  o += "}}";
+  write(o);
   ++events_;
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "actors/trace_packed.h"
+
 namespace fd {
 namespace {
 
@@ -39,10 +41,27 @@ void remember(Map& m, std::vector<std::string>& order, const std::string& key) {
 
 }  // namespace
 
+TraceView::Track& TraceView::track(const std::string& node, const std::string& name,
+                                   const std::string& kind) {
+  Track& t = tracks_[{node, name}];
+  t.kind = kind;
+  t.node = node;
+  return t;
+}
+
+TraceView::SpanStats& TraceView::span(Track& t, const std::string& name) {
+  remember(t.spans, t.span_order, name);
+  return t.spans[name];
+}
+
+double& TraceView::arg_sum(SpanStats& s, const std::string& arg) {
+  remember(s.arg_sum, s.arg_order, arg);
+  return s.arg_sum[arg];
+}
+
 void TraceView::add(const trace_event& e) {
   ++events_;
-  Track& t = tracks_[e.track];
-  t.kind = e.kind;
+  Track& t = track(e.node.empty() ? std::string(kLocalNode) : e.node, e.track, e.kind);
   const size_t n = std::min(e.arg_names.size(), e.arg_values.size());
   if (e.ph == 'C') {
     remember(t.counters, t.counter_order, e.name);
@@ -55,27 +74,59 @@ void TraceView::add(const trace_event& e) {
     }
     return;
   }
-  remember(t.spans, t.span_order, e.name);
-  SpanStats& s = t.spans[e.name];
+  SpanStats& s = span(t, e.name);
   ++s.count;
   s.dur_us += static_cast<double>(e.dur_us);
+  for (size_t i = 0; i < n; ++i) arg_sum(s, e.arg_names[i]) += e.arg_values[i];
+}
+
+void TraceView::add_spans(const trace_packed& p,
+                          const std::map<int32_t, std::string>& shard_nodes) {
+  // The few actors of the message, each resolved to its figures once.
+  struct Slot {
+    uint8_t kind;
+    int32_t actor;
+    SpanStats* stats;
+    std::vector<double*> sums;  // [args]
+  };
+  std::vector<Slot> slots;
+  const size_t n = span_count(p);
   for (size_t i = 0; i < n; ++i) {
-    remember(s.arg_sum, s.arg_order, e.arg_names[i]);
-    s.arg_sum[e.arg_names[i]] += e.arg_values[i];
+    const PackedSpan s = span_at(p, i);
+    if (s.kind >= kSpanKinds) continue;
+    auto slot = std::find_if(slots.begin(), slots.end(), [&](const Slot& x) {
+      return x.kind == s.kind && x.actor == s.actor;
+    });
+    if (slot == slots.end()) {
+      const auto kind = static_cast<SpanKind>(s.kind);
+      Track& t = track(span_node(s, shard_nodes), span_track(s), span_actor_kind(kind));
+      Slot x{s.kind, s.actor, &span(t, span_name(kind)), {}};
+      for (const std::string& arg : span_arg_names(kind)) x.sums.push_back(&arg_sum(*x.stats, arg));
+      slot = slots.insert(slots.end(), std::move(x));
+    }
+    ++events_;
+    ++slot->stats->count;
+    slot->stats->dur_us += static_cast<double>(std::max<int32_t>(0, s.dur_us));
+    for (size_t a = 0; a < slot->sums.size(); ++a) *slot->sums[a] += span_arg(s, a);
   }
 }
 
 std::string TraceView::render(double window_s, const std::string& title) {
-  std::vector<std::string> names;
-  for (auto& [name, t] : tracks_) names.push_back(name);
-  std::stable_sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
+  using Key = std::pair<std::string, std::string>;  // (node, track)
+  std::vector<Key> names;
+  for (auto& [key, t] : tracks_) names.push_back(key);
+  // By kind, then node, then track.
+  std::stable_sort(names.begin(), names.end(), [&](const Key& a, const Key& b) {
     const int ra = kind_rank(tracks_[a].kind), rb = kind_rank(tracks_[b].kind);
     if (ra != rb) return ra < rb;
     if (tracks_[a].kind != tracks_[b].kind) return tracks_[a].kind < tracks_[b].kind;
     return a < b;
   });
-  size_t width = 10;
-  for (auto& n : names) width = std::max(width, n.size());
+  size_t node_width = 4, width = 10;
+  for (auto& [node, track] : names) {
+    node_width = std::max(node_width, node.size());
+    width = std::max(width, track.size());
+  }
 
   double tokens = 0, steps = 0;
   for (auto& [name, t] : tracks_) {
@@ -94,14 +145,17 @@ std::string TraceView::render(double window_s, const std::string& title) {
   out += "tokens/s " + fixed("%.1f", tokens / window_s) + "   steps/s " +
          fixed("%.1f", steps / window_s) + "\n";
   if (names.empty()) out += "\n(no trace events yet)\n";
+  else out += "\n  node" + std::string(node_width - 2, ' ') + "actor\n";
   std::string kind;
-  for (auto& name : names) {
-    Track& t = tracks_[name];
+  for (auto& key : names) {
+    Track& t = tracks_[key];
+    const std::string& name = key.second;
     if (t.kind != kind) {
       kind = t.kind;
       out += "\n" + kind + "\n";
     }
-    std::string head = "  " + name + std::string(width - name.size() + 2, ' ');
+    std::string head = "  " + t.node + std::string(node_width - t.node.size() + 2, ' ') + name +
+                       std::string(width - name.size() + 2, ' ');
     const std::string pad(head.size(), ' ');
     bool first = true;
     auto line = [&](const std::string& text) {

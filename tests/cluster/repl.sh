@@ -31,25 +31,23 @@ PROMPT_RE='^>[[:space:]]*$'
 idle() { [[ $(last_line) =~ $PROMPT_RE ]]; }
 # wait_pane REGEX SECONDS
 wait_pane() {
-  local t=0
+  local deadline=$((SECONDS + $2))
   until pane | grep -Eq -- "$1"; do
-    if ((t >= $2 * 20)); then
+    if ((SECONDS >= deadline)); then
       pane | grep -v "^[[:space:]]*$" | tail -n 20 >&2
       fail "the REPL did not show /$1/ within $2 s"
     fi
     sleep 0.05
-    t=$((t + 1))
   done
 }
 wait_idle() {
-  local t=0
+  local deadline=$((SECONDS + $1))
   until idle; do
-    if ((t >= $1 * 20)); then
+    if ((SECONDS >= deadline)); then
       pane | grep -v "^[[:space:]]*$" | tail -n 20 >&2
       fail "the REPL did not come back to its prompt within $1 s"
     fi
     sleep 0.05
-    t=$((t + 1))
   done
 }
 # The output after the last line "> TEXT" up to the final prompt (or the end so far).
@@ -65,11 +63,10 @@ send() {
   n=$(typed "$1")
   TM send-keys -t "$SESSION" -l -- "$1"
   TM send-keys -t "$SESSION" Enter
-  local t=0
+  local deadline=$((SECONDS + 10))
   until (($(typed "$1") > n)); do
-    ((t >= 100)) && fail "the terminal did not echo '$1'"
+    ((SECONDS >= deadline)) && fail "the terminal did not echo '$1' within 10 s"
     sleep 0.02
-    t=$((t + 1))
   done
 }
 ask() {
@@ -144,12 +141,11 @@ start_repl "$PORT" --temperature 0 -n 1500
 # Tokens appear while the answer is generated: the text grows across captures.
 send "streaming test"
 declare -A seen=()
-t=0
+deadline=$((SECONDS + 60))
 while ! idle; do
   len=$(answer_of "streaming test" | wc -c)
   ((len > 0)) && seen[$len]=1
-  ((t >= 600)) && fail "the streaming answer did not end within 60 s"
-  t=$((t + 1))
+  ((SECONDS >= deadline)) && fail "the streaming answer did not end within 60 s"
   sleep 0.02
 done
 final=$(answer_of "streaming test" | wc -c)
@@ -159,10 +155,9 @@ log "the answer grew through ${#seen[@]} partial lengths before its $final bytes
 
 # Ctrl-C during a generation cancels it; the REPL is ready for the next prompt.
 send "cancel me"
-t=0
+deadline=$((SECONDS + 20))
 until [[ -n $(answer_of "cancel me") ]]; do  # the first tokens are out
-  ((t >= 400)) && fail "no answer to 'cancel me' within 20 s"
-  t=$((t + 1))
+  ((SECONDS >= deadline)) && fail "no answer to 'cancel me' within 20 s"
   sleep 0.05
 done
 TM send-keys -t "$SESSION" C-c

@@ -1,6 +1,8 @@
-# fastdecode-trace against a gpu node and a cpu node while REPL clients generate: the recording is
-# valid Chrome Trace Event JSON with every actor kind, the live view prints figures, and the file
-# stays valid when the console is stopped by SIGINT or by the loss of the node.
+# fastdecode-trace against a gpu node and two cpu nodes while REPL clients generate: the recording
+# is valid Chrome Trace Event JSON with every actor kind and a process per node, each shard's
+# track names the node it lives on (its --name, or host:pid by default), the live view prints
+# figures with a node column, and the file stays valid when the console is stopped by SIGINT or by
+# the loss of the node.
 source "$(dirname "$0")/lib.bash" "$@"
 
 REPL=$BUILD/fastdecode-repl
@@ -10,7 +12,8 @@ for bin in "$REPL" "$TRACE"; do
 done
 command -v python3 >/dev/null || { echo "the trace test needs python3" >&2; exit 2; }
 
-# check_trace FILE: parses FILE and checks every event; prints "kinds=... events=N".
+# check_trace FILE: parses FILE and checks every event; prints "kinds=... events=N", then the
+# names of the processes and threads whose tracks have events, one per line.
 check_trace() {
   python3 - "$1" <<'PY'
 import json, sys
@@ -18,6 +21,8 @@ doc = json.load(open(sys.argv[1]))
 events = doc["traceEvents"]
 named = set()
 kinds = set()
+names = {}
+used = set()
 n = 0
 for e in events:
     for field in ("name", "ph", "pid", "tid"):
@@ -28,6 +33,9 @@ for e in events:
             sys.exit("metadata event without a name: %s" % e)
         if e["name"] == "thread_name":
             named.add((e["pid"], e["tid"]))
+            names[(e["pid"], e["tid"])] = e["args"]["name"]
+        else:
+            names[(e["pid"], None)] = e["args"]["name"]
         continue
     n += 1
     if not isinstance(e.get("ts"), (int, float)):
@@ -43,7 +51,13 @@ for e in events:
     if not isinstance(e.get("args", {}), dict):
         sys.exit("args is not an object: %s" % e)
     kinds.add(e.get("cat"))
+    used.add((e["pid"], e["tid"]))
+    used.add((e["pid"], None))
 print("kinds=%s events=%d" % (",".join(sorted(k for k in kinds if k)), n))
+for key in sorted(used, key=str):
+    if key not in names:
+        sys.exit("pid %s has no process_name" % key[0])
+    print(names[key])
 PY
 }
 
@@ -52,6 +66,12 @@ start gpu "$NODE" --role gpu --listen "127.0.0.1:$PORT" --model "$SHARED/models/
 wait_log gpu "serving .* on 127.0.0.1:$PORT" 30
 cpu_node cpu "$PORT" --shards 2
 wait_log gpu "shard cpu/shard-1 joined" 30
+# Without --name a cpu node is host:pid.
+start cpu2 "$NODE" --role cpu --join "127.0.0.1:$PORT" --shards 1
+wait_log gpu "shard [^ ]+:[0-9]+/shard-0 joined" 30
+CPU2=$(sed -nE 's/.*shard ([^ ]+:[0-9]+)\/shard-0 joined.*/\1/p' "$WORK/gpu.err" | head -1)
+[[ $CPU2 == "$(hostname):${PID[cpu2]}" ]] ||
+  fail "the unnamed cpu node calls itself '$CPU2', not $(hostname):${PID[cpu2]}"
 
 # Three REPL clients (stdin from a pipe) keep the batch busy while the console records.
 for i in 1 2 3; do
@@ -69,7 +89,18 @@ finish trace 20
 [[ $RC -eq 0 ]] || fail "fastdecode-trace --duration exited with $RC"
 expect_log trace "[0-9]+ events written to .*out.json"
 summary=$(check_trace "$WORK/out.json") || fail "out.json: $summary"
-log "out.json: $summary"
+log "out.json: ${summary%%$'\n'*}"
+# One process per node; shard threads carry their node's name.
+for want in "node local" "node cpu" "node $CPU2" "node local / scheduler" \
+  "node local / mini_batch-0" "node local / gpu_stream-0"; do
+  grep -qxF -- "$want" <<<"$summary" || fail "out.json lacks the track '$want' ($summary)"
+done
+[[ $(grep -cE "^node cpu / shard [0-9]+$" <<<"$summary") -eq 2 ]] ||
+  fail "out.json lacks the two shard tracks of node cpu ($summary)"
+grep -qE "^node $CPU2 / shard [0-9]+$" <<<"$summary" ||
+  fail "out.json lacks the shard track of node $CPU2 ($summary)"
+grep -E "/ shard" <<<"$summary" | grep -qvE "^node (cpu|$CPU2) / " &&
+  fail "a shard track is on no cpu node ($summary)"
 for kind in scheduler mini_batch gpu_stream shard; do
   [[ $summary =~ kinds=([a-z_,]*) && ,${BASH_REMATCH[1]}, == *,$kind,* ]] ||
     fail "no $kind events in the recording ($summary)"
@@ -77,8 +108,12 @@ done
 # The live view (plain text, stdout is a file) showed the pipeline at work.
 grep -Eq "^tokens/s [1-9][0-9.]*   steps/s [1-9]" "$WORK/trace.out" ||
   fail "the live view never showed tokens/s and steps/s"
-grep -Eq "^  mini_batch-[0-9]+ +step: " "$WORK/trace.out" ||
-  fail "the live view lacks mini-batch steps"
+grep -Eq "^  local +mini_batch-[0-9]+ +step: " "$WORK/trace.out" ||
+  fail "the live view lacks mini-batch steps on node local"
+grep -Eq "^  cpu +shard [0-9]+ +R: " "$WORK/trace.out" ||
+  fail "the live view lacks the R-part of node cpu's shards"
+grep -Eq "^  $CPU2 +shard [0-9]+ +R: " "$WORK/trace.out" ||
+  fail "the live view lacks the R-part of node $CPU2's shard"
 for i in 1 2 3; do
   finish "repl$i" 60
   [[ $RC -eq 0 ]] || fail "REPL client $i exited with $RC"
@@ -94,7 +129,7 @@ kill -INT "${PID[trace2]}"
 finish trace2 10
 [[ $RC -eq 0 ]] || fail "fastdecode-trace exited with $RC after SIGINT"
 summary=$(check_trace "$WORK/int.json") || fail "int.json after SIGINT: $summary"
-log "int.json (SIGINT): $summary"
+log "int.json (SIGINT): ${summary%%$'\n'*}"
 finish repl4 60
 
 # Losing the node: the console says so, exits 1, and the file is still valid.

@@ -1,0 +1,608 @@
+// Decode and prefill attention over the quantized KV formats (layouts in kernels/kv_format.h).
+// Keys are scored with exact integer dot products against a quantized query, so a key costs a
+// few integer instructions per 64 bytes; values are widened to fp32 in registers.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/kv_format.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/attention_quant.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include "kernels/f16-inl.h"
+
+#ifndef FD_KERNELS_ATTENTION_QUANT_ONCE_
+#define FD_KERNELS_ATTENTION_QUANT_ONCE_
+namespace fd::kernels {
+namespace {
+
+constexpr int kMaxQ = 8;      // query vectors that share one pass over a kv head
+constexpr int kTileT = 16;    // keys scored per softmax step (a multiple of 4)
+constexpr int kMaxHeadDim = 256;
+// K and V bytes of one kv head fetched ahead of the kernel: about one core's share of the read
+// bandwidth times the memory latency (measured best at 2-3 blocks of q4/q8 with head_dim 128).
+constexpr size_t kPrefetchBytes = 6144;
+constexpr float kQ8Levels = 32767.0f;  // q8 queries are int16: |sum| <= 256 * 127 * 32767 < 2^31
+constexpr float kQ4Levels = 127.0f;    // q4 queries are int8 (u8 x i8 pair sums fit int16)
+
+// Query vectors of one kv head that read its keys together (the query heads of a GQA group and,
+// for prefill, several rows). Keys [0, limit[j]) are visible to query j.
+struct QuantTile {
+  const float* q[kMaxQ];  // each [head_dim]
+  float* out[kMaxQ];      // each [head_dim]
+  int limit[kMaxQ];
+  int n = 0;
+};
+
+// The query transform of the quantized formats: x = q * fl(1/sqrt(head_dim)) in fp32, rounded to
+// integers qi in [-levels, levels] with one scale per vector; returns the scale (x ~ qi * scale).
+float QuantizeQueryInts(const float* q, size_t hd, float levels, int32_t* qi) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float x[kMaxHeadDim];
+  float amax = 0.0f;
+  for (size_t c = 0; c < hd; ++c) {
+    x[c] = q[c] * scale;
+    amax = std::max(amax, std::fabs(x[c]));
+  }
+  const float qscale = amax / levels;
+  const float inv = qscale > 0.0f ? 1.0f / qscale : 0.0f;
+  for (size_t c = 0; c < hd; ++c) qi[c] = static_cast<int32_t>(std::clamp(std::nearbyint(x[c] * inv), -levels, levels));
+  return qscale;
+}
+
+// Plain attention over decoded rows with the same query transform: for the SCALAR target and for
+// q8 heads whose head_dim is not a multiple of 8.
+void AttendTileScalar(const QuantTile& tile, const KvBlocks& kv, size_t head_bytes, int kv_head,
+                      int head_dim) {
+  const KvFormat& f = kv_format(kv.dtype);
+  const size_t hd = static_cast<size_t>(head_dim);
+  const size_t off = static_cast<size_t>(kv_head) * head_bytes;
+  const float levels = kv.dtype == KvDtype::q4 ? kQ4Levels : kQ8Levels;
+  float k[kMaxHeadDim], v[kMaxHeadDim];
+  for (int j = 0; j < tile.n; ++j) {
+    int32_t qi[kMaxHeadDim];
+    const float qscale = QuantizeQueryInts(tile.q[j], hd, levels, qi);
+    std::vector<float> s(static_cast<size_t>(tile.limit[j]));
+    float m = -std::numeric_limits<float>::infinity();
+    for (int t = 0; t < tile.limit[j]; ++t) {
+      const int b = t / kv.block_tokens;
+      f.decode_row(kv.k[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, k);
+      float dot = 0.0f;
+      for (size_t c = 0; c < hd; ++c) dot += static_cast<float>(qi[c]) * k[c];
+      s[static_cast<size_t>(t)] = dot * qscale;
+      m = std::max(m, dot * qscale);
+    }
+    float acc[kMaxHeadDim] = {}, l = 0.0f;
+    for (int t = 0; t < tile.limit[j]; ++t) {
+      const int b = t / kv.block_tokens;
+      f.decode_row(kv.v[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, v);
+      const float p = std::exp(s[static_cast<size_t>(t)] - m);
+      l += p;
+      for (size_t c = 0; c < hd; ++c) acc[c] += p * v[c];
+    }
+    for (size_t c = 0; c < hd; ++c) tile.out[j][c] = acc[c] / l;
+  }
+}
+
+}  // namespace
+}  // namespace fd::kernels
+#endif  // FD_KERNELS_ATTENTION_QUANT_ONCE_
+
+HWY_BEFORE_NAMESPACE();
+namespace fd::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET != HWY_SCALAR
+
+template <class P>
+HWY_INLINE const uint8_t* Bytes(const P* p) {
+  return static_cast<const uint8_t*>(static_cast<const void*>(p));
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+HWY_INLINE __m128i MaddUbs(__m128i a, __m128i b) { return _mm_maddubs_epi16(a, b); }
+HWY_INLINE __m128i MaddOnes(__m128i a) { return _mm_madd_epi16(a, _mm_set1_epi16(1)); }
+#if HWY_TARGET <= HWY_AVX2
+HWY_INLINE __m256i MaddUbs(__m256i a, __m256i b) { return _mm256_maddubs_epi16(a, b); }
+HWY_INLINE __m256i MaddOnes(__m256i a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
+#endif
+#if HWY_TARGET <= HWY_AVX3
+HWY_INLINE __m512i MaddUbs(__m512i a, __m512i b) { return _mm512_maddubs_epi16(a, b); }
+HWY_INLINE __m512i MaddOnes(__m512i a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
+#endif
+#define FD_X86_MADD 1
+#else
+#define FD_X86_MADD 0
+#endif
+
+// int16 lane i = a[2i] * b[2i] + a[2i+1] * b[2i+1] for bytes a in [0, 15] and int8 b (never
+// saturates: 2 * 15 * 127 < 2^15).
+template <class D8>
+HWY_INLINE hn::Vec<hn::Repartition<int16_t, D8>> MulPairs(D8, hn::Vec<D8> a,
+                                                         hn::Vec<hn::RebindToSigned<D8>> b) {
+  const hn::Repartition<int16_t, D8> d16;
+#if FD_X86_MADD
+  return hn::Vec<decltype(d16)>{MaddUbs(a.raw, b.raw)};
+#else
+  const hn::Repartition<uint16_t, D8> du16;
+  const auto b16 = hn::BitCast(d16, b);
+  const auto ae = hn::BitCast(d16, hn::And(hn::BitCast(du16, a), hn::Set(du16, 0xFF)));
+  const auto ao = hn::BitCast(d16, hn::ShiftRight<8>(hn::BitCast(du16, a)));
+  const auto be = hn::ShiftRight<8>(hn::ShiftLeft<8>(b16));
+  const auto bo = hn::ShiftRight<8>(b16);
+  return hn::Add(hn::Mul(ae, be), hn::Mul(ao, bo));
+#endif
+}
+
+// int32 lane i = v[2i] + v[2i+1].
+template <class D32>
+HWY_INLINE hn::Vec<D32> SumPairs(D32 d32, hn::Vec<hn::Repartition<int16_t, D32>> v) {
+#if FD_X86_MADD
+  (void)d32;
+  return hn::Vec<D32>{MaddOnes(v.raw)};
+#else
+  const auto w = hn::BitCast(d32, v);
+  return hn::Add(hn::ShiftRight<16>(hn::ShiftLeft<16>(w)), hn::ShiftRight<16>(w));
+#endif
+}
+
+// Adds the 128-bit blocks of v: lane i of the result sums lane i of every block.
+template <class D>
+HWY_INLINE auto FoldBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) * sizeof(hn::TFromD<D>) > 16) {
+    const hn::Half<D> dh;
+    return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+
+// Lane i of block b of the result = sum of the lanes of block b of a_i (4-lane blocks).
+template <class D>
+HWY_INLINE hn::Vec<D> Sum4InBlocks(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3) {
+  const hn::Repartition<uint64_t, D> d64;
+  const auto x01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const auto x23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
+  const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
+  return hn::Add(hn::BitCast(d, lo), hn::BitCast(d, hi));
+}
+
+// A query vector as the format scores it: scaled by 1/sqrt(head_dim), rounded to integers with
+// one scale per vector (qscale = max|q| / levels).
+struct QuantQuery {
+  float qscale;
+  HWY_ALIGN int16_t q16[kMaxHeadDim];     // q8: the integers in element order
+  HWY_ALIGN int8_t lo[kMaxHeadDim / 2];   // q4: byte j of group g: element 32g + j ...
+  HWY_ALIGN int8_t hi[kMaxHeadDim / 2];   // ... and element 32g + 16 + j, matching the nibbles
+  HWY_ALIGN int32_t init[kMaxHeadDim / 8];  // q4: lane 4g holds -8 * (sum of group g), else 0
+};
+
+template <bool kQ4>
+void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
+  int32_t qi[kMaxHeadDim];
+  qq.qscale = QuantizeQueryInts(q, hd, kQ4 ? kQ4Levels : kQ8Levels, qi);
+  if constexpr (kQ4) {
+    for (size_t g = 0; g < hd / 32; ++g) {
+      int32_t sum = 0;
+      for (size_t j = 0; j < 16; ++j) {
+        qq.lo[g * 16 + j] = static_cast<int8_t>(qi[g * 32 + j]);
+        qq.hi[g * 16 + j] = static_cast<int8_t>(qi[g * 32 + 16 + j]);
+        sum += qi[g * 32 + j] + qi[g * 32 + 16 + j];
+      }
+      for (size_t i = 0; i < 4; ++i) qq.init[g * 4 + i] = i == 0 ? -8 * sum : 0;
+    }
+  } else {
+    for (size_t c = 0; c < hd; ++c) qq.q16[c] = static_cast<int16_t>(qi[c]);
+  }
+}
+
+// sums[j][i] = score of query j against key row rows[i] (i < 4) of a q4 head block, whose four
+// rows share the scale quad `scales` ([groups][4] fp16). DK: bytes per chunk (16, 32 or 64).
+template <int NQ, class DK>
+HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const size_t* rows,
+                            const uint16_t* scales, const QuantQuery* qq, float (*sums)[4]) {
+  const hn::RebindToSigned<DK> di8;
+  const hn::Repartition<int32_t, DK> d32;
+  const hn::Repartition<float, DK> df;
+  const hn::Full128<float> d4;
+  using VF = hn::Vec<decltype(df)>;
+  const size_t LB = hn::Lanes(dk);
+  VF f[NQ];
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j) f[j] = hn::Zero(df);
+  for (size_t c = 0; c < row_bytes; c += LB) {
+    hn::Vec<DK> lo[4], hi[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const auto b = hn::LoadU(dk, data + rows[i] * row_bytes + c);
+      lo[i] = hn::And(b, hn::Set(dk, 15));
+      hi[i] = hn::ShiftRight<4>(b);
+    }
+    const VF sc = LoadF16(df, scales + c / 4);
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) {
+      const auto ql = hn::Load(di8, qq[j].lo + c), qh = hn::Load(di8, qq[j].hi + c);
+      const auto init = hn::Load(d32, qq[j].init + c / 4);
+      hn::Vec<decltype(d32)> a[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i)
+        a[i] = hn::Add(init, SumPairs(d32, hn::Add(MulPairs(dk, lo[i], ql), MulPairs(dk, hi[i], qh))));
+      const auto r = Sum4InBlocks(d32, a[0], a[1], a[2], a[3]);  // block g lane i: group g of row i
+      f[j] = hn::MulAdd(hn::ConvertTo(df, r), sc, f[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+    hn::StoreU(hn::Mul(FoldBlocks(df, f[j]), hn::Set(d4, qq[j].qscale)), d4, sums[j]);
+}
+
+// The same for a q8 head block: rows of int8 with fp32 scales `scales` (indexed by row).
+// DK: int16 lanes per chunk.
+template <int NQ, class DK>
+HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* rows,
+                            const float* scales, const QuantQuery* qq, float (*sums)[4]) {
+  const hn::Rebind<int8_t, DK> d8;
+  const hn::Repartition<int32_t, DK> d32;
+  const hn::Full128<float> d4;
+  const hn::Full128<int32_t> d4i;
+  const size_t L = hn::Lanes(dk);
+  float row_scale[4];
+  for (int i = 0; i < 4; ++i) row_scale[i] = scales[rows[i]];
+  const auto rs = hn::LoadU(d4, row_scale);
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j) {
+    hn::Vec<decltype(d32)> a[4], a1[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) a[i] = a1[i] = hn::Zero(d32);
+    for (size_t c = 0; c < hd; c += L) {
+      const auto qv = hn::Load(dk, qq[j].q16 + c);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const auto k = hn::PromoteTo(dk, hn::LoadU(d8, data + rows[i] * hd + c));
+        a[i] = hn::ReorderWidenMulAccumulate(d32, k, qv, a[i], a1[i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) a[i] = hn::Add(a[i], a1[i]);
+    const auto r = hn::BitCast(d4i, FoldBlocks(d32, Sum4InBlocks(d32, a[0], a[1], a[2], a[3])));
+    hn::StoreU(hn::Mul(hn::ConvertTo(d4, r), hn::Mul(rs, hn::Set(d4, qq[j].qscale))), d4, sums[j]);
+  }
+}
+
+// acc[j][units] += sum over rows t < n of w[j][t][group] * value; q4 rows. A unit is L bytes of
+// one group: its low nibbles are elements [32g + j0, +L), its high nibbles [32g + 16 + j0, +L).
+template <int NQ, int CU, class DF>
+HWY_INLINE void AccumulateQ4(DF df, const uint8_t* data, size_t row_bytes, size_t row0, int n,
+                             const float (*w)[kMaxHeadDim / 32][kTileT], size_t u0,
+                             float (*acc)[kMaxHeadDim]) {
+  using V = hn::Vec<DF>;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const size_t L = hn::Lanes(df);
+  const size_t per_group = 16 / L;
+  size_t g[CU], lo_at[CU];
+#pragma GCC unroll 4
+  for (int u = 0; u < CU; ++u) {
+    const size_t unit = u0 + static_cast<size_t>(u);
+    g[u] = unit / per_group;
+    lo_at[u] = g[u] * 32 + (unit % per_group) * L;
+  }
+  V a[CU][2][NQ];
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+    for (int u = 0; u < CU; ++u) {
+      a[u][0][j] = hn::Load(df, acc[j] + lo_at[u]);
+      a[u][1][j] = hn::Load(df, acc[j] + lo_at[u] + 16);
+    }
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+  // 16 lanes: a nibble indexes a table of the 16 values it stands for, in one permute.
+  HWY_ALIGN static constexpr float kValues[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+  constexpr bool kTable = hn::MaxLanes(DF()) == 16;
+#else
+  constexpr bool kTable = false;
+#endif
+  for (int t = 0; t < n; ++t) {
+    const uint8_t* row = data + (row0 + static_cast<size_t>(t)) * row_bytes;
+    V v[CU][2];
+#pragma GCC unroll 4
+    for (int u = 0; u < CU; ++u) {
+      const auto b = hn::PromoteTo(di, hn::LoadU(d8, row + (u0 + static_cast<size_t>(u)) * L));
+      const auto lo = hn::And(b, hn::Set(di, 15));
+      const auto hi = hn::ShiftRight<4>(b);
+      if constexpr (kTable) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+        const V table = hn::Load(df, kValues);
+        v[u][0] = hn::TableLookupLanes(table, hn::IndicesFromVec(df, lo));
+        v[u][1] = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hi));
+#endif
+      } else {
+        v[u][0] = hn::ConvertTo(df, hn::Sub(lo, hn::Set(di, 8)));
+        v[u][1] = hn::ConvertTo(df, hn::Sub(hi, hn::Set(di, 8)));
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+      for (int u = 0; u < CU; ++u) {
+        const V wt = hn::Set(df, w[j][g[u]][t]);
+        a[u][0][j] = hn::MulAdd(wt, v[u][0], a[u][0][j]);
+        a[u][1][j] = hn::MulAdd(wt, v[u][1], a[u][1][j]);
+      }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+    for (int u = 0; u < CU; ++u) {
+      hn::Store(a[u][0][j], df, acc[j] + lo_at[u]);
+      hn::Store(a[u][1][j], df, acc[j] + lo_at[u] + 16);
+    }
+}
+
+// acc[j][c, c + CB * L) += sum over rows t < n of w[j][t] * value; q8 rows.
+template <int NQ, int CB, class DF>
+HWY_INLINE void AccumulateQ8(DF df, const int8_t* data, size_t hd, size_t row0, int n,
+                             const float (*w)[kTileT], size_t c, float (*acc)[kMaxHeadDim]) {
+  using V = hn::Vec<DF>;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<int8_t, DF> d8;
+  const size_t L = hn::Lanes(df);
+  V a[CB][NQ];
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+    for (int b = 0; b < CB; ++b) a[b][j] = hn::Load(df, acc[j] + c + b * L);
+  for (int t = 0; t < n; ++t) {
+    const int8_t* row = data + (row0 + static_cast<size_t>(t)) * hd + c;
+    V v[CB];
+#pragma GCC unroll 4
+    for (int b = 0; b < CB; ++b) v[b] = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, row + b * L)));
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) {
+      const V wt = hn::Set(df, w[j][t]);
+#pragma GCC unroll 4
+      for (int b = 0; b < CB; ++b) a[b][j] = hn::MulAdd(wt, v[b], a[b][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+    for (int b = 0; b < CB; ++b) hn::Store(a[b][j], df, acc[j] + c + b * L);
+}
+
+// Streaming softmax over one kv head, block by block in tiles of kTileT keys that start at
+// multiples of 4 within a block: per tile, score every key once for all NQ queries, fold the
+// tile into the running max / denominator, then read each value row once.
+// DK: the key chunk tag (q4: bytes, q8: int16), DF: the value tag (q4: at most 16 lanes).
+template <bool kQ4, int NQ, class DK, class DF>
+HWY_NOINLINE void AttendTileQuant(DK dk, DF df, const QuantTile& tile, const KvBlocks& kv,
+                                  size_t head_bytes, int kv_head, int head_dim) {
+  using V = hn::Vec<DF>;
+  const hn::CappedTag<float, kTileT> dt;
+  const size_t L = hn::Lanes(df);
+  const size_t LT = hn::Lanes(dt);
+  const size_t hd = static_cast<size_t>(head_dim);
+  const size_t bt = static_cast<size_t>(kv.block_tokens);
+  const size_t groups = hd / 32;
+  const size_t row_bytes = kQ4 ? hd / 2 : hd;
+  const size_t data_off = kQ4 ? detail::q4_data_offset(bt, groups) : bt * sizeof(float);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+
+  constexpr int CU = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;  // value units / chunks per pass
+  QuantQuery qq[NQ];
+  HWY_ALIGN float acc[NQ][kMaxHeadDim];  // unnormalised outputs
+  HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current tile
+  // Value weights: q4 probability * group scale [j][g][t]; q8 probability * row scale [j][t].
+  HWY_ALIGN float w4[kQ4 ? NQ : 1][kMaxHeadDim / 32][kTileT];
+  HWY_ALIGN float w8[kQ4 ? 1 : NQ][kTileT];
+  float m[NQ], l[NQ];
+  int max_limit = 0;
+  for (int j = 0; j < NQ; ++j) {
+    QuantizeQuery<kQ4>(tile.q[j], hd, qq[j]);
+    for (size_t c = 0; c < hd; ++c) acc[j][c] = 0.0f;
+    m[j] = neg_inf;
+    l[j] = 0.0f;
+    max_limit = std::max(max_limit, tile.limit[j]);
+  }
+
+  const size_t head_off = static_cast<size_t>(kv_head) * head_bytes;
+  const size_t n_blocks = (static_cast<size_t>(max_limit) + bt - 1) / bt;
+  const size_t pf_pace = (head_bytes + bt - 1) / bt;  // prefetch one row's share per key
+  const size_t pd = 1 + kPrefetchBytes / (2 * head_bytes);  // prefetch distance in blocks
+  for (size_t b = 1; b < std::min(pd, n_blocks); ++b)  // the blocks before the first paced one
+    for (size_t pf = 0; pf < head_bytes; pf += 64) {
+      hwy::Prefetch(Bytes(kv.k[b]) + head_off + pf);
+      hwy::Prefetch(Bytes(kv.v[b]) + head_off + pf);
+    }
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* kb = Bytes(kv.k[b]) + head_off;
+    const uint8_t* vb = Bytes(kv.v[b]) + head_off;
+    // Later blocks sit on other pages, out of reach of the hardware prefetcher: fetch block
+    // b + pd while this one is computed, a slice per key so the requests do not come in a burst.
+    const uint8_t* kn = b + pd < n_blocks ? Bytes(kv.k[b + pd]) + head_off : nullptr;
+    const uint8_t* vn = b + pd < n_blocks ? Bytes(kv.v[b + pd]) + head_off : nullptr;
+    size_t pf = 0;
+    const size_t bn = std::min(bt, static_cast<size_t>(max_limit) - b * bt);  // rows used
+    const uint8_t* kd = kb + data_off;
+    const uint8_t* vd = vb + data_off;
+    for (size_t tb = 0; tb < bn; tb += kTileT) {
+      const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
+      const int t0 = static_cast<int>(b * bt + tb);
+      for (int t = 0; t < n; t += 4) {
+        if (kn != nullptr) {
+          for (const size_t end = (tb + static_cast<size_t>(t) + 4) * pf_pace; pf < end; pf += 64) {
+            hwy::Prefetch(kn + pf);
+            hwy::Prefetch(vn + pf);
+          }
+        }
+        size_t rows[4];
+        for (int i = 0; i < 4; ++i) rows[i] = tb + static_cast<size_t>(std::min(t + i, n - 1));
+        float sums[NQ][4];
+        if constexpr (kQ4) {
+          const auto* sc = reinterpret_cast<const uint16_t*>(kb) + (tb + static_cast<size_t>(t)) / 4 * groups * 4;
+          ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, qq, sums);
+        } else {
+          ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
+                          reinterpret_cast<const float*>(kb), qq, sums);
+        }
+        for (int i = 0; i < 4 && t + i < n; ++i)
+#pragma GCC unroll 8
+          for (int j = 0; j < NQ; ++j) s[j][t + i] = t0 + t + i < tile.limit[j] ? sums[j][i] : neg_inf;
+      }
+      for (int j = 0; j < NQ; ++j) {
+        for (int t = n; t < kTileT; ++t) s[j][t] = neg_inf;
+        auto vmax = hn::Load(dt, s[j]);
+        for (size_t t = LT; t < static_cast<size_t>(kTileT); t += LT) vmax = hn::Max(vmax, hn::Load(dt, s[j] + t));
+        const float m_new = std::max(m[j], hn::GetLane(hn::MaxOfLanes(dt, vmax)));
+        if (m_new == neg_inf) {  // nothing visible yet: weights are zero
+          for (int t = 0; t < kTileT; ++t) s[j][t] = 0.0f;
+        } else {
+          const float corr = m[j] == m_new ? 1.0f : std::exp(m[j] - m_new);
+          const auto vm = hn::Set(dt, m_new);
+          auto vsum = hn::Zero(dt);
+          for (size_t t = 0; t < static_cast<size_t>(kTileT); t += LT) {
+            const auto p = hn::Exp(dt, hn::Sub(hn::Load(dt, s[j] + t), vm));  // exp(-inf) = 0
+            hn::Store(p, dt, s[j] + t);
+            vsum = hn::Add(vsum, p);
+          }
+          l[j] = l[j] * corr + hn::GetLane(hn::SumOfLanes(dt, vsum));
+          if (corr != 1.0f) {
+            const V vc = hn::Set(df, corr);
+            for (size_t c = 0; c < hd; c += L) hn::Store(hn::Mul(hn::Load(df, acc[j] + c), vc), df, acc[j] + c);
+          }
+          m[j] = m_new;
+        }
+        if constexpr (kQ4) {
+          // Four rows' scales of a group are adjacent: w4[j][g][t, t + 4) in one multiply.
+          const hn::Full128<float> d4;
+          for (int t = 0; t < n; t += 4) {
+            const auto* sc = reinterpret_cast<const uint16_t*>(vb) + (tb + static_cast<size_t>(t)) / 4 * groups * 4;
+            const auto p = hn::Load(d4, s[j] + t);
+            for (size_t g = 0; g < groups; ++g)
+              hn::Store(hn::Mul(p, LoadF16(d4, sc + g * 4)), d4, w4[j][g] + t);
+          }
+        } else {
+          const float* sc = reinterpret_cast<const float*>(vb);
+          for (int t = 0; t < n; ++t) w8[j][t] = s[j][t] * sc[tb + static_cast<size_t>(t)];
+        }
+      }
+      if constexpr (kQ4) {
+        const size_t units = row_bytes / L;
+        size_t u = 0;
+        for (; u + CU <= units; u += CU) AccumulateQ4<NQ, CU>(df, vd, row_bytes, tb, n, w4, u, acc);
+        if constexpr (CU > 2) {  // keep two units' chains in flight on narrow heads
+          for (; u + 2 <= units; u += 2) AccumulateQ4<NQ, 2>(df, vd, row_bytes, tb, n, w4, u, acc);
+        }
+        for (; u < units; ++u) AccumulateQ4<NQ, 1>(df, vd, row_bytes, tb, n, w4, u, acc);
+      } else {
+        const auto* vd8 = reinterpret_cast<const int8_t*>(vd);
+        size_t c = 0;
+        for (; c + CU * L <= hd; c += CU * L) AccumulateQ8<NQ, CU>(df, vd8, hd, tb, n, w8, c, acc);
+        if constexpr (CU > 2) {
+          for (; c + 2 * L <= hd; c += 2 * L) AccumulateQ8<NQ, 2>(df, vd8, hd, tb, n, w8, c, acc);
+        }
+        for (; c < hd; c += L) AccumulateQ8<NQ, 1>(df, vd8, hd, tb, n, w8, c, acc);
+      }
+    }
+  }
+
+  for (int j = 0; j < NQ; ++j) {
+    const V inv = hn::Set(df, 1.0f / l[j]);
+    for (size_t c = 0; c < hd; c += L) hn::StoreU(hn::Mul(hn::Load(df, acc[j] + c), inv), df, tile.out[j] + c);
+  }
+}
+
+template <bool kQ4, class DK, class DF>
+void RunQuantTile(DK dk, DF df, const QuantTile& tile, const KvBlocks& kv, size_t hb, int kvh, int hd) {
+  switch (tile.n) {
+    case 1: return AttendTileQuant<kQ4, 1>(dk, df, tile, kv, hb, kvh, hd);
+    case 2: return AttendTileQuant<kQ4, 2>(dk, df, tile, kv, hb, kvh, hd);
+    case 3: return AttendTileQuant<kQ4, 3>(dk, df, tile, kv, hb, kvh, hd);
+    case 4: return AttendTileQuant<kQ4, 4>(dk, df, tile, kv, hb, kvh, hd);
+    case 5: return AttendTileQuant<kQ4, 5>(dk, df, tile, kv, hb, kvh, hd);
+    case 6: return AttendTileQuant<kQ4, 6>(dk, df, tile, kv, hb, kvh, hd);
+    case 7: return AttendTileQuant<kQ4, 7>(dk, df, tile, kv, hb, kvh, hd);
+    default: return AttendTileQuant<kQ4, 8>(dk, df, tile, kv, hb, kvh, hd);
+  }
+}
+
+// Picks the widest vectors whose chunks divide the head.
+void RunTileAnyWidth(const QuantTile& tile, const KvBlocks& kv, size_t hb, int kvh, int head_dim) {
+  const size_t hd = static_cast<size_t>(head_dim);
+  if (kv.dtype == KvDtype::q4) {
+    const hn::CappedTag<float, 16> df;
+    const hn::CappedTag<uint8_t, 64> dk;
+    const hn::CappedTag<uint8_t, 32> dk32;
+    if ((hd / 2) % hn::Lanes(dk) == 0) return RunQuantTile<true>(dk, df, tile, kv, hb, kvh, head_dim);
+    if ((hd / 2) % hn::Lanes(dk32) == 0) return RunQuantTile<true>(dk32, df, tile, kv, hb, kvh, head_dim);
+    return RunQuantTile<true>(hn::CappedTag<uint8_t, 16>(), df, tile, kv, hb, kvh, head_dim);
+  }
+  const hn::CappedTag<float, 16> df;
+  const hn::Repartition<int16_t, decltype(df)> dk;
+  if (hd % hn::Lanes(dk) == 0) return RunQuantTile<false>(dk, df, tile, kv, hb, kvh, head_dim);
+  if (hd % 8 == 0) {
+    const hn::CappedTag<float, 4> df4;  // 4 floats, 8 int16: every target has them
+    return RunQuantTile<false>(hn::Repartition<int16_t, decltype(df4)>(), df4, tile, kv, hb, kvh, head_dim);
+  }
+  AttendTileScalar(tile, kv, hb, kvh, head_dim);
+}
+
+#else  // HWY_TARGET == HWY_SCALAR
+
+void RunTileAnyWidth(const QuantTile& tile, const KvBlocks& kv, size_t hb, int kvh, int head_dim) {
+  AttendTileScalar(tile, kv, hb, kvh, head_dim);
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// Attention of all query rows and heads that read kv heads [kvh_begin, kvh_end).
+void AttendQuantHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
+                          const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
+  const int g = dims.n_heads / dims.n_kv_heads;
+  const size_t hd = static_cast<size_t>(dims.head_dim);
+  for (int kvh = kvh_begin; kvh < kvh_end; ++kvh) {
+    QuantTile tile;
+    for (int i = 0; i < n_q; ++i) {
+      for (int jj = 0; jj < g; ++jj) {
+        const size_t off = (static_cast<size_t>(i) * dims.n_heads + kvh * g + jj) * hd;
+        tile.q[tile.n] = q + off;
+        tile.out[tile.n] = out + off;
+        tile.limit[tile.n] = q_pos0 + i + 1;
+        if (++tile.n == kMaxQ) {
+          RunTileAnyWidth(tile, kv, head_bytes, kvh, dims.head_dim);
+          tile.n = 0;
+        }
+      }
+    }
+    if (tile.n > 0) RunTileAnyWidth(tile, kv, head_bytes, kvh, dims.head_dim);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace fd::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fd::kernels {
+
+HWY_EXPORT(AttendQuantHeadsImpl);
+
+namespace detail {
+void attend_quant_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
+                        const AttnDims& d, int kvh_begin, int kvh_end, float* out) {
+  HWY_DYNAMIC_DISPATCH(AttendQuantHeadsImpl)(q, n_q, q_pos0, kv, head_bytes, d, kvh_begin, kvh_end, out);
+}
+}  // namespace detail
+
+}  // namespace fd::kernels
+#endif  // HWY_ONCE
