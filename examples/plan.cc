@@ -11,6 +11,7 @@
 #include "examples/common/bench_plan.h"
 #include "examples/common/json.h"
 #include "examples/common/node_options.h"
+#include "examples/common/list_options.h"
 #include "runtime/error.h"
 #include "runtime/gguf.h"
 #include "runtime/load_control.h"
@@ -22,21 +23,9 @@ namespace fd {
 namespace {
 
 std::vector<int> parse_batches(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v <= 0 || (!out.empty() && v <= out.back()))
-      throw Error("--batches must be increasing positive integers separated by commas, not '" + text + "'.");
-    out.push_back(v);
-  }
-  if (out.empty()) throw Error("--batches needs at least one batch size.");
+  std::vector<int> out = parse_int_list(text, "batches");
+  for (size_t i = 1; i < out.size(); ++i)
+    if (out[i] <= out[i - 1]) throw Error("--batches must be increasing, not '" + text + "'.");
   return out;
 }
 

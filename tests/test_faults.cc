@@ -6,19 +6,13 @@
 #include "actors/system.h"
 #include "kernels/ops.h"
 #include "caf/all.hpp"
+#include "tests/test_models.h"
 
 namespace {
 
 std::shared_ptr<const fd::Model> slow_enough_model() {
-  fd::ModelConfig c;
-  c.n_layers = 4;
-  c.dim = 256;
-  c.n_heads = 8;
-  c.n_kv_heads = 2;
-  c.head_dim = 32;
-  c.ff = 512;
-  c.vocab = 400;
-  c.ctx = 256;
+  const fd::ModelConfig c =
+      test_models::config(4, 256, 8, 2, 512, 400, 256);
   return std::make_shared<const fd::Model>(fd::make_random_model(c, 21));
 }
 

@@ -5,19 +5,13 @@
 #include "actors/gatekeeper.h"
 #include "actors/system.h"
 #include "caf/all.hpp"
+#include "tests/test_models.h"
 
 namespace {
 
 fd::Model tiny_model() {
-  fd::ModelConfig c;
-  c.n_layers = 1;
-  c.dim = 32;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.head_dim = 16;
-  c.ff = 64;
-  c.vocab = 300;
-  c.ctx = 64;
+  const fd::ModelConfig c =
+      test_models::config(1, 32, 2, 1, 64, 300, 64);
   return fd::make_random_model(c, 3);
 }
 

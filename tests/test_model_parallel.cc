@@ -5,19 +5,13 @@
 #include "actors/system.h"
 #include "caf/all.hpp"
 #include "kernels/ops.h"
+#include "tests/test_models.h"
 
 namespace {
 
 std::shared_ptr<const fd::Model> eight_head_model() {
-  fd::ModelConfig c;
-  c.n_layers = 4;
-  c.dim = 256;
-  c.n_heads = 8;
-  c.n_kv_heads = 4;
-  c.head_dim = 32;
-  c.ff = 384;
-  c.vocab = 320;
-  c.ctx = 96;
+  const fd::ModelConfig c =
+      test_models::config(4, 256, 8, 4, 384, 320, 96);
   return std::make_shared<const fd::Model>(fd::make_random_model(c, 99));
 }
 

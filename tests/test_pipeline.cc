@@ -6,6 +6,7 @@
 #include "pipeline_fixture.h"
 #include "reference_model.h"
 #include "runtime/tokenizer.h"
+#include "tests/test_models.h"
 
 namespace {
 
@@ -104,15 +105,8 @@ std::shared_ptr<const fd::Model> stories() {
 }
 
 std::shared_ptr<const fd::Model> random_gqa128() {
-  fd::ModelConfig c;
-  c.n_layers = 2;
-  c.dim = 512;
-  c.n_heads = 4;
-  c.n_kv_heads = 1;  // 4:1 GQA
-  c.head_dim = 128;
-  c.ff = 768;
-  c.vocab = 512;
-  c.ctx = 128;
+  const fd::ModelConfig c =
+      test_models::config(2, 512, 4, 1, 768, 512, 128);  // 4:1 GQA
   return std::make_shared<const fd::Model>(fd::make_random_model(c, 7));
 }
 

@@ -34,15 +34,8 @@ struct MemFile {
 
 // A random model with a long context: its answers run long enough to be cancelled midway.
 std::shared_ptr<const fd::Model> long_context_model() {
-  fd::ModelConfig c;
-  c.n_layers = 2;
-  c.dim = 64;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.ff = 128;
-  c.vocab = 300;
-  c.ctx = 4096;
+  const fd::ModelConfig c =
+      test_models::config(2, 64, 4, 2, 128, 300, 4096);
   return std::make_shared<const fd::Model>(fd::make_random_model(c, 11));
 }
 

@@ -6,6 +6,7 @@
 
 #include "examples/common/bench_schedule.h"
 #include "runtime/load_control.h"
+#include "tests/test_models.h"
 
 namespace {
 
@@ -25,15 +26,8 @@ std::vector<fd::gen_request> tiny_requests(int n, int max_new, int vocab) {
 }  // namespace
 
 TEST_CASE("sls and large-batch generate the same tokens; sls peaks lower", "[schedule-run]") {
-  fd::ModelConfig mc;
-  mc.n_layers = 2;
-  mc.dim = 64;
-  mc.n_heads = 4;
-  mc.n_kv_heads = 2;
-  mc.head_dim = 16;
-  mc.ff = 128;
-  mc.vocab = 320;
-  mc.ctx = 64;
+  const fd::ModelConfig mc =
+      test_models::config(2, 64, 4, 2, 128, 320, 64);
   auto model = std::make_shared<fd::Model>(fd::make_random_model(mc, 3));
   model->vocab.eos = -1;  // every request runs its max_new steps, so the loads are comparable
   const int batch = 8, steps = 24, n = 2 * batch;

@@ -7,6 +7,7 @@
 
 #include "runtime/error.h"
 #include "runtime/sim_backend.h"
+#include "tests/test_models.h"
 
 namespace {
 
@@ -18,15 +19,8 @@ std::string source_dir() {  // CMake compiles tests by absolute path: <src>/test
 }
 
 fd::ModelConfig small_model() {
-  fd::ModelConfig c;
-  c.n_layers = 3;
-  c.dim = 64;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.ff = 128;
-  c.vocab = 300;
-  c.ctx = 512;
+  const fd::ModelConfig c =
+      test_models::config(3, 64, 4, 2, 128, 300, 512);
   return c;
 }
 

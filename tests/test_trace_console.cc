@@ -16,6 +16,7 @@
 #include "examples/common/trace_record.h"
 #include "examples/common/trace_view.h"
 #include "runtime/error.h"
+#include "tests/test_models.h"
 
 namespace {
 
@@ -281,15 +282,8 @@ fd::trace_sink::behavior_type span_collector(fd::trace_sink::pointer,
 
 TEST_CASE("a subscriber gets every step's spans, batched, from a running node",
           "[trace_console]") {
-  fd::ModelConfig c;
-  c.n_layers = 3;
-  c.dim = 64;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.ff = 128;
-  c.vocab = 300;
-  c.ctx = 128;
+  const fd::ModelConfig c =
+      test_models::config(3, 64, 4, 2, 128, 300, 128);
   auto model = std::make_shared<const fd::Model>(fd::make_random_model(c, 5));
   auto got = std::make_shared<Received>();
   std::vector<fd::gen_result> results;

@@ -27,6 +27,7 @@
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "examples/common/json.h"
+#include "examples/common/list_options.h"
 #include "runtime/error.h"
 
 namespace po = boost::program_options;
@@ -53,25 +54,7 @@ struct Options {
   int poll_attempts = -1;  // work-stealing.aggressive-poll-attempts
 };
 
-std::vector<int> parse_sizes(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v < 1 || v > 1024)
-      throw Error("--sizes must be a comma-separated list of sizes in MiB from 1 to 1024, not '" +
-                  text + "'.");
-    out.push_back(v);
-  }
-  if (out.empty()) throw Error("--sizes needs at least one size.");
-  return out;
-}
+std::vector<int> parse_sizes(const std::string& text) { return parse_int_list(text, "sizes", 1, 1024); }
 
 // Returns false when --help was printed.
 bool parse_options(int argc, char** argv, Options& o) {
