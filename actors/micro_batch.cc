@@ -103,9 +103,10 @@ void replace_homeless(self_ptr self, caf::typed_response_promise<mb_rows> rp) {
   replace_request req;
   for (const Seq& s : st.seqs)
     if (s.homeless) req.seqs.push_back(s.place.seq);
+  std::vector<uint64_t> asked = req.seqs;
   self->request(st.scheduler, caf::infinite, std::move(req))
       .then(
-          [self, rp](std::vector<seq_place>& places) mutable {
+          [self, rp, asked](std::vector<seq_place>& places) mutable {
             for (auto& p : places)
               for (auto& s : self->state.seqs)
                 if (s.place.seq == p.seq) {
@@ -113,8 +114,15 @@ void replace_homeless(self_ptr self, caf::typed_response_promise<mb_rows> rp) {
                   s.n_cached = 0;
                   s.homeless = false;
                 }
-            finish_where(self, [](const Seq& s) { return s.homeless; },
+            const auto was_asked = [&](const Seq& s) {
+              return std::find(asked.begin(), asked.end(), s.place.seq) != asked.end();
+            };
+            finish_where(self, [&](const Seq& s) { return s.homeless && was_asked(s); },
                          "internal error: no new shard for the sequence");
+            // Sequences whose shard was lost while this request was in flight get a round of
+            // their own.
+            for (const Seq& s : self->state.seqs)
+              if (s.homeless) return replace_homeless(self, rp);
             rp.deliver(rows_of(self->state));
           },
           [self, rp](caf::error& e) mutable {

@@ -28,8 +28,10 @@ std::vector<fd::gen_request> requests(int n) {
   return out;
 }
 
-std::vector<fd::gen_result> run(std::shared_ptr<const fd::Model> model, int shards,
-                                int kill_shard, std::chrono::milliseconds kill_after) {
+// kills: (shard index, delay after the start) pairs, in order of their delays.
+using Kills = std::vector<std::pair<int, std::chrono::microseconds>>;
+
+std::vector<fd::gen_result> run(std::shared_ptr<const fd::Model> model, int shards, const Kills& kills) {
   fd::kernels::set_gemm_threads(1);  // two mini-batches call BLAS at once
   caf::actor_system_config cfg;
   fd::configure_caf(cfg, 2);
@@ -40,12 +42,13 @@ std::vector<fd::gen_result> run(std::shared_ptr<const fd::Model> model, int shar
   opt.kv_memory = size_t(64) << 20;
   opt.timeout = std::chrono::seconds(5);
   fd::LocalNode node = fd::start_local_node(sys, model, opt);
-  std::thread killer;
-  if (kill_shard >= 0)
-    killer = std::thread([&] {
-      std::this_thread::sleep_for(kill_after);
-      caf::anon_send_exit(node.shards[kill_shard], caf::exit_reason::kill);
-    });
+  std::thread killer([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const auto& [shard, after] : kills) {
+      std::this_thread::sleep_until(t0 + after);
+      caf::anon_send_exit(node.shards[shard], caf::exit_reason::kill);
+    }
+  });
   auto out = fd::generate(sys, node.scheduler, requests(8), std::chrono::minutes(2));
   if (killer.joinable()) killer.join();
   fd::stop_local_node(node);
@@ -56,14 +59,31 @@ std::vector<fd::gen_result> run(std::shared_ptr<const fd::Model> model, int shar
 
 TEST_CASE("a killed shard's sequences finish elsewhere with identical tokens", "[faults]") {
   auto model = slow_enough_model();
-  const auto clean = run(model, 3, -1, {});
+  const auto clean = run(model, 3, {});
   for (auto after : {std::chrono::milliseconds(30), std::chrono::milliseconds(150)}) {
     INFO("kill after " << after.count() << " ms");
-    const auto faulty = run(model, 3, 1, after);
+    const auto faulty = run(model, 3, {{1, after}});
     REQUIRE(faulty.size() == clean.size());
     for (size_t i = 0; i < clean.size(); ++i) {
       INFO("request " << i);
       REQUIRE(clean[i].error == "");
+      CHECK(faulty[i].error == "");
+      CHECK(faulty[i].tokens == clean[i].tokens);
+    }
+  }
+}
+
+TEST_CASE("a second shard lost during the first one's recovery loses nothing", "[faults]") {
+  auto model = slow_enough_model();
+  const auto clean = run(model, 3, {});
+  // The second loss lands within a few hundred microseconds of the first, while the first
+  // loss's sequences are still asking the scheduler for new shards.
+  for (auto gap : {std::chrono::microseconds(0), std::chrono::microseconds(300), std::chrono::microseconds(2000)}) {
+    INFO("second kill " << gap.count() << " us after the first");
+    const auto faulty = run(model, 3, {{1, std::chrono::milliseconds(100)}, {2, std::chrono::milliseconds(100) + gap}});
+    REQUIRE(faulty.size() == clean.size());
+    for (size_t i = 0; i < clean.size(); ++i) {
+      INFO("request " << i);
       CHECK(faulty[i].error == "");
       CHECK(faulty[i].tokens == clean[i].tokens);
     }
