@@ -17,6 +17,7 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "kernels/attention-inl.h"
 #include "kernels/f16-inl.h"
 
 #ifndef FD_KERNELS_ATTENTION_TILE_
@@ -59,25 +60,6 @@ struct F16Rows {
   }
 };
 
-template <class P>
-HWY_INLINE const uint8_t* Bytes(const P* p) {
-  return static_cast<const uint8_t*>(static_cast<const void*>(p));
-}
-
-#if HWY_TARGET != HWY_SCALAR
-// Adds the 128-bit blocks of v: lane i of the result sums lane i of every block.
-template <class D>
-HWY_INLINE auto FoldBlocks(D d, hn::Vec<D> v) {
-  if constexpr (hn::MaxLanes(D()) > 4) {
-    const hn::Half<D> dh;
-    return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
-  } else {
-    (void)d;
-    return v;
-  }
-}
-#endif
-
 // out[j] = sum of the lanes of a[j]. Four vectors at a time are transposed-and-added within
 // each 128-bit block, then the blocks are folded: about a third of the work of four reductions.
 template <int NQ, class D>
@@ -85,14 +67,8 @@ HWY_INLINE void LaneSums(D d, const hn::Vec<D>* a, float* out) {
   int j = 0;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (NQ >= 4 && hn::MaxLanes(D()) >= 4) {
-    const hn::Repartition<uint64_t, D> d64;
     for (; j + 4 <= NQ; j += 4) {
-      const auto x01 = hn::Add(hn::InterleaveLower(d, a[j], a[j + 1]), hn::InterleaveUpper(d, a[j], a[j + 1]));
-      const auto x23 =
-          hn::Add(hn::InterleaveLower(d, a[j + 2], a[j + 3]), hn::InterleaveUpper(d, a[j + 2], a[j + 3]));
-      const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
-      const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
-      const auto sums = FoldBlocks(d, hn::Add(hn::BitCast(d, lo), hn::BitCast(d, hi)));
+      const auto sums = FoldBlocks(d, Sum4InBlocks(d, a[j], a[j + 1], a[j + 2], a[j + 3]));
       hn::StoreU(sums, hn::DFromV<decltype(sums)>(), out + j);
     }
   }
@@ -122,35 +98,6 @@ HWY_INLINE void ScoreRows(D d, const Rows& kr, size_t row0, const float (*qs)[kM
     }
   }
   LaneSums<TP * NQ>(d, a, sums);
-}
-
-// acc[j][c, c + CB * L) += sum over the n rows of w[j][t] * v_t[c, c + CB * L): CB chunks per
-// pass so that each weight broadcast feeds CB independent FMA chains.
-template <int NQ, int CB, class Rows, class D>
-HWY_INLINE void AccumulateValues(D d, const Rows& vr, size_t row0, int n, const float (*w)[kTileT],
-                                 size_t c, float (*acc)[kMaxHeadDim]) {
-  using V = hn::Vec<D>;
-  const size_t L = hn::Lanes(d);
-  V a[CB][NQ];
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 4
-    for (int b = 0; b < CB; ++b) a[b][j] = hn::Load(d, acc[j] + c + b * L);
-  for (int t = 0; t < n; ++t) {
-    V v[CB];
-#pragma GCC unroll 4
-    for (int b = 0; b < CB; ++b) v[b] = vr.Load(d, row0 + static_cast<size_t>(t), c + b * L);
-#pragma GCC unroll 8
-    for (int j = 0; j < NQ; ++j) {
-      const V wt = hn::Set(d, w[j][t]);
-#pragma GCC unroll 4
-      for (int b = 0; b < CB; ++b) a[b][j] = hn::MulAdd(wt, v[b], a[b][j]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 4
-    for (int b = 0; b < CB; ++b) hn::Store(a[b][j], d, acc[j] + c + b * L);
 }
 
 // Streaming softmax over the keys in tiles of kTileT: per tile, score every key once for all NQ
@@ -244,8 +191,8 @@ HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t hea
       m[j] = m_new;
     }
     size_t c = 0;
-    for (; c + CB * L <= hd; c += CB * L) AccumulateValues<NQ, CB>(d, vr, tb, n, s, c, acc);
-    for (; c < hd; c += L) AccumulateValues<NQ, 1>(d, vr, tb, n, s, c, acc);
+    for (; c + CB * L <= hd; c += CB * L) AccumulateRows<NQ, CB>(d, vr, tb, n, s, c, acc);
+    for (; c < hd; c += L) AccumulateRows<NQ, 1>(d, vr, tb, n, s, c, acc);
     t0 += n;
   }
 

@@ -16,6 +16,7 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "kernels/attention-inl.h"
 #include "kernels/f16-inl.h"
 
 #ifndef FD_KERNELS_ATTENTION_QUANT_ONCE_
@@ -102,11 +103,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_TARGET != HWY_SCALAR
 
-template <class P>
-HWY_INLINE const uint8_t* Bytes(const P* p) {
-  return static_cast<const uint8_t*>(static_cast<const void*>(p));
-}
-
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
 HWY_INLINE __m128i MaddUbs(__m128i a, __m128i b) { return _mm_maddubs_epi16(a, b); }
 HWY_INLINE __m128i MaddOnes(__m128i a) { return _mm_madd_epi16(a, _mm_set1_epi16(1)); }
@@ -152,29 +148,6 @@ HWY_INLINE hn::Vec<D32> SumPairs(D32 d32, hn::Vec<hn::Repartition<int16_t, D32>>
   const auto w = hn::BitCast(d32, v);
   return hn::Add(hn::ShiftRight<16>(hn::ShiftLeft<16>(w)), hn::ShiftRight<16>(w));
 #endif
-}
-
-// Adds the 128-bit blocks of v: lane i of the result sums lane i of every block.
-template <class D>
-HWY_INLINE auto FoldBlocks(D d, hn::Vec<D> v) {
-  if constexpr (hn::MaxLanes(D()) * sizeof(hn::TFromD<D>) > 16) {
-    const hn::Half<D> dh;
-    return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
-  } else {
-    (void)d;
-    return v;
-  }
-}
-
-// Lane i of block b of the result = sum of the lanes of block b of a_i (4-lane blocks).
-template <class D>
-HWY_INLINE hn::Vec<D> Sum4InBlocks(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3) {
-  const hn::Repartition<uint64_t, D> d64;
-  const auto x01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
-  const auto x23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
-  const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
-  const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
-  return hn::Add(hn::BitCast(d, lo), hn::BitCast(d, hi));
 }
 
 // A query vector as the format scores it: scaled by 1/sqrt(head_dim), rounded to integers with
@@ -349,36 +322,18 @@ HWY_INLINE void AccumulateQ4(DF df, const uint8_t* data, size_t row_bytes, size_
     }
 }
 
-// acc[j][c, c + CB * L) += sum over rows t < n of w[j][t] * value; q8 rows.
-template <int NQ, int CB, class DF>
-HWY_INLINE void AccumulateQ8(DF df, const int8_t* data, size_t hd, size_t row0, int n,
-                             const float (*w)[kTileT], size_t c, float (*acc)[kMaxHeadDim]) {
-  using V = hn::Vec<DF>;
-  const hn::RebindToSigned<DF> di;
-  const hn::Rebind<int8_t, DF> d8;
-  const size_t L = hn::Lanes(df);
-  V a[CB][NQ];
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 4
-    for (int b = 0; b < CB; ++b) a[b][j] = hn::Load(df, acc[j] + c + b * L);
-  for (int t = 0; t < n; ++t) {
-    const int8_t* row = data + (row0 + static_cast<size_t>(t)) * hd + c;
-    V v[CB];
-#pragma GCC unroll 4
-    for (int b = 0; b < CB; ++b) v[b] = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, row + b * L)));
-#pragma GCC unroll 8
-    for (int j = 0; j < NQ; ++j) {
-      const V wt = hn::Set(df, w[j][t]);
-#pragma GCC unroll 4
-      for (int b = 0; b < CB; ++b) a[b][j] = hn::MulAdd(wt, v[b], a[b][j]);
-    }
+// q8 value rows [rows][hd] int8, read as fp32 for AccumulateRows (the row scale is folded into
+// the weights).
+struct Q8ValueRows {
+  const int8_t* data;
+  size_t hd;
+  template <class DF>
+  HWY_INLINE hn::Vec<DF> Load(DF df, size_t t, size_t c) const {
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<int8_t, DF> d8;
+    return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, data + t * hd + c)));
   }
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 4
-    for (int b = 0; b < CB; ++b) hn::Store(a[b][j], df, acc[j] + c + b * L);
-}
+};
 
 // Streaming softmax over one kv head, block by block in tiles of kTileT keys that start at
 // multiples of 4 within a block: per tile, score every key once for all NQ queries, fold the
@@ -507,11 +462,11 @@ HWY_NOINLINE void AttendTileQuant(DK dk, DF df, const QuantTile& tile, const KvB
       } else {
         const auto* vd8 = reinterpret_cast<const int8_t*>(vd);
         size_t c = 0;
-        for (; c + CU * L <= hd; c += CU * L) AccumulateQ8<NQ, CU>(df, vd8, hd, tb, n, w8, c, acc);
+        for (; c + CU * L <= hd; c += CU * L) AccumulateRows<NQ, CU>(df, Q8ValueRows{vd8, hd}, tb, n, w8, c, acc);
         if constexpr (CU > 2) {
-          for (; c + 2 * L <= hd; c += 2 * L) AccumulateQ8<NQ, 2>(df, vd8, hd, tb, n, w8, c, acc);
+          for (; c + 2 * L <= hd; c += 2 * L) AccumulateRows<NQ, 2>(df, Q8ValueRows{vd8, hd}, tb, n, w8, c, acc);
         }
-        for (; c < hd; c += L) AccumulateQ8<NQ, 1>(df, vd8, hd, tb, n, w8, c, acc);
+        for (; c < hd; c += L) AccumulateRows<NQ, 1>(df, Q8ValueRows{vd8, hd}, tb, n, w8, c, acc);
       }
     }
   }

@@ -1,0 +1,85 @@
+// Per-target building blocks shared by the fp16 (kernels/attention.cc) and quantized
+// (kernels/attention_quant.cc) attention kernels; include inside a foreach_target translation unit.
+#if defined(FD_KERNELS_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef FD_KERNELS_ATTENTION_INL_H_
+#undef FD_KERNELS_ATTENTION_INL_H_
+#else
+#define FD_KERNELS_ATTENTION_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace fd::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+template <class P>
+HWY_INLINE const uint8_t* Bytes(const P* p) {
+  return static_cast<const uint8_t*>(static_cast<const void*>(p));
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// Adds the 128-bit blocks of v: lane i of the result sums lane i of every block.
+template <class D>
+HWY_INLINE auto FoldBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) * sizeof(hn::TFromD<D>) > 16) {
+    const hn::Half<D> dh;
+    return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+
+// Lane i of block b of the result = sum of the lanes of block b of a_i (4-lane blocks).
+template <class D>
+HWY_INLINE hn::Vec<D> Sum4InBlocks(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3) {
+  const hn::Repartition<uint64_t, D> d64;
+  const auto x01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const auto x23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
+  const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, x01), hn::BitCast(d64, x23));
+  return hn::Add(hn::BitCast(d, lo), hn::BitCast(d, hi));
+}
+#endif
+
+// acc[j][c, c + CB * L) += sum over the n rows of w[j][t] * v_t[c, c + CB * L), where
+// rows.Load(d, t, c) gives elements [c, c + Lanes(d)) of value row t as fp32: CB chunks per pass
+// so that each weight broadcast feeds CB independent FMA chains.
+// w: [NQ][>= n] softmax weights; acc: [NQ][>= c + CB * L].
+template <int NQ, int CB, class Rows, class D, class WRow, class AccRow>
+HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const WRow* w, size_t c,
+                               AccRow* acc) {
+  using V = hn::Vec<D>;
+  const size_t L = hn::Lanes(d);
+  V a[CB][NQ];
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+    for (int b = 0; b < CB; ++b) a[b][j] = hn::Load(d, acc[j] + c + b * L);
+  for (int t = 0; t < n; ++t) {
+    V v[CB];
+#pragma GCC unroll 4
+    for (int b = 0; b < CB; ++b) v[b] = rows.Load(d, row0 + static_cast<size_t>(t), c + b * L);
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) {
+      const V wt = hn::Set(d, w[j][t]);
+#pragma GCC unroll 4
+      for (int b = 0; b < CB; ++b) a[b][j] = hn::MulAdd(wt, v[b], a[b][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+    for (int b = 0; b < CB; ++b) hn::Store(a[b][j], d, acc[j] + c + b * L);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace fd::kernels
+HWY_AFTER_NAMESPACE();
+
+#endif  // FD_KERNELS_ATTENTION_INL_H_
