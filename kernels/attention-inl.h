@@ -7,9 +7,13 @@
 #define FD_KERNELS_ATTENTION_INL_H_
 #endif
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
@@ -76,6 +80,39 @@ HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const 
   for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 4
     for (int b = 0; b < CB; ++b) hn::Store(a[b][j], d, acc[j] + c + b * L);
+}
+
+// One query's online-softmax step over a tile of scores s[0, Lanes(dt) * k) whose first n are
+// real (the rest are set to -inf here): folds the tile's max into the running max m, turns s into
+// the weights exp(s - m), adds their sum to the running denominator l and rescales acc [hd] by
+// exp(m_old - m_new). With no key visible yet the weights are zero and m, l, acc stay unchanged.
+template <class DT, class D>
+HWY_INLINE void SoftmaxFoldTile(DT dt, D d, float* HWY_RESTRICT s, int n, size_t tile, float& m,
+                                float& l, float* HWY_RESTRICT acc, size_t hd) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const size_t LT = hn::Lanes(dt), L = hn::Lanes(d);
+  for (size_t t = static_cast<size_t>(n); t < tile; ++t) s[t] = neg_inf;
+  auto vmax = hn::Load(dt, s);
+  for (size_t t = LT; t < tile; t += LT) vmax = hn::Max(vmax, hn::Load(dt, s + t));
+  const float m_new = std::max(m, hn::GetLane(hn::MaxOfLanes(dt, vmax)));
+  if (m_new == neg_inf) {
+    std::fill(s, s + tile, 0.0f);
+    return;
+  }
+  const float corr = m == m_new ? 1.0f : std::exp(m - m_new);
+  const auto vm = hn::Set(dt, m_new);
+  auto vsum = hn::Zero(dt);
+  for (size_t t = 0; t < tile; t += LT) {
+    const auto p = hn::Exp(dt, hn::Sub(hn::Load(dt, s + t), vm));  // exp(-inf) = 0
+    hn::Store(p, dt, s + t);
+    vsum = hn::Add(vsum, p);
+  }
+  l = l * corr + hn::GetLane(hn::SumOfLanes(dt, vsum));
+  if (corr != 1.0f) {
+    const auto vc = hn::Set(d, corr);
+    for (size_t c = 0; c < hd; c += L) hn::Store(hn::Mul(hn::Load(d, acc + c), vc), d, acc + c);
+  }
+  m = m_new;
 }
 
 }  // namespace HWY_NAMESPACE

@@ -108,7 +108,6 @@ HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t hea
   using V = hn::Vec<D>;
   const hn::CappedTag<float, kTileT> dt;
   const size_t L = hn::Lanes(d);
-  const size_t LT = hn::Lanes(dt);
   const size_t hd = static_cast<size_t>(head_dim);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -168,28 +167,7 @@ HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t hea
       }
       t += rows;
     }
-    for (int j = 0; j < NQ; ++j) {
-      for (int t = n; t < kTileT; ++t) s[j][t] = neg_inf;
-      auto vmax = hn::Load(dt, s[j]);
-      for (size_t t = LT; t < static_cast<size_t>(kTileT); t += LT)
-        vmax = hn::Max(vmax, hn::Load(dt, s[j] + t));
-      const float m_new = std::max(m[j], hn::GetLane(hn::MaxOfLanes(dt, vmax)));
-      if (m_new == neg_inf) continue;  // nothing visible yet: keep zeros (p is not used)
-      const float corr = m[j] == m_new ? 1.0f : std::exp(m[j] - m_new);
-      const auto vm = hn::Set(dt, m_new);
-      auto vsum = hn::Zero(dt);
-      for (size_t t = 0; t < static_cast<size_t>(kTileT); t += LT) {
-        const auto p = hn::Exp(dt, hn::Sub(hn::Load(dt, s[j] + t), vm));  // exp(-inf) = 0
-        hn::Store(p, dt, s[j] + t);
-        vsum = hn::Add(vsum, p);
-      }
-      l[j] = l[j] * corr + hn::GetLane(hn::SumOfLanes(dt, vsum));
-      if (corr != 1.0f) {
-        const V vc = hn::Set(d, corr);
-        for (size_t c = 0; c < hd; c += L) hn::Store(hn::Mul(hn::Load(d, acc[j] + c), vc), d, acc[j] + c);
-      }
-      m[j] = m_new;
-    }
+    for (int j = 0; j < NQ; ++j) SoftmaxFoldTile(dt, d, s[j], n, kTileT, m[j], l[j], acc[j], hd);
     size_t c = 0;
     for (; c + CB * L <= hd; c += CB * L) AccumulateRows<NQ, CB>(d, vr, tb, n, s, c, acc);
     for (; c < hd; c += L) AccumulateRows<NQ, 1>(d, vr, tb, n, s, c, acc);

@@ -415,28 +415,7 @@ HWY_NOINLINE void AttendTileQuant(DK dk, DF df, const QuantTile& tile, const KvB
           for (int j = 0; j < NQ; ++j) s[j][t + i] = t0 + t + i < tile.limit[j] ? sums[j][i] : neg_inf;
       }
       for (int j = 0; j < NQ; ++j) {
-        for (int t = n; t < kTileT; ++t) s[j][t] = neg_inf;
-        auto vmax = hn::Load(dt, s[j]);
-        for (size_t t = LT; t < static_cast<size_t>(kTileT); t += LT) vmax = hn::Max(vmax, hn::Load(dt, s[j] + t));
-        const float m_new = std::max(m[j], hn::GetLane(hn::MaxOfLanes(dt, vmax)));
-        if (m_new == neg_inf) {  // nothing visible yet: weights are zero
-          for (int t = 0; t < kTileT; ++t) s[j][t] = 0.0f;
-        } else {
-          const float corr = m[j] == m_new ? 1.0f : std::exp(m[j] - m_new);
-          const auto vm = hn::Set(dt, m_new);
-          auto vsum = hn::Zero(dt);
-          for (size_t t = 0; t < static_cast<size_t>(kTileT); t += LT) {
-            const auto p = hn::Exp(dt, hn::Sub(hn::Load(dt, s[j] + t), vm));  // exp(-inf) = 0
-            hn::Store(p, dt, s[j] + t);
-            vsum = hn::Add(vsum, p);
-          }
-          l[j] = l[j] * corr + hn::GetLane(hn::SumOfLanes(dt, vsum));
-          if (corr != 1.0f) {
-            const V vc = hn::Set(df, corr);
-            for (size_t c = 0; c < hd; c += L) hn::Store(hn::Mul(hn::Load(df, acc[j] + c), vc), df, acc[j] + c);
-          }
-          m[j] = m_new;
-        }
+        SoftmaxFoldTile(dt, df, s[j], n, kTileT, m[j], l[j], acc[j], hd);
         if constexpr (kQ4) {
           // Four rows' scales of a group are adjacent: w4[j][g][t, t + 4) in one multiply.
           const hn::Full128<float> d4;
