@@ -111,8 +111,9 @@ void release(SchedState& st, Live& l) {
   for (int32_t shard : l.shards) {
     auto it = st.shards.find(shard);
     if (it != st.shards.end()) {
-      it->second.used_pages -= pages_for(l.tokens, it->second.info.page_tokens);
-      it->second.mini_pages[l.mini] -= pages_for(l.tokens, it->second.info.page_tokens);
+      const uint64_t pages = pages_for(l.tokens, it->second.info.page_tokens);
+      it->second.used_pages -= pages;
+      it->second.mini_pages[l.mini] -= pages;
     }
   }
   l.shards.clear();
@@ -130,8 +131,9 @@ bool place(SchedState& st, Live& l) {
   release(st, l);
   for (int32_t shard : chosen) {
     auto& e = st.shards[shard];
-    e.used_pages += pages_for(l.tokens, e.info.page_tokens);
-    e.mini_pages[l.mini] += pages_for(l.tokens, e.info.page_tokens);
+    const uint64_t pages = pages_for(l.tokens, e.info.page_tokens);
+    e.used_pages += pages;
+    e.mini_pages[l.mini] += pages;
   }
   l.shards = std::move(chosen);
   return true;
