@@ -201,6 +201,23 @@ double SimProfile::layer_seconds(double b) const {
   return std::max(0.0, t);
 }
 
+SimProfile SimProfile::scaled(double k) const {
+  if (!(k > 0) || !std::isfinite(k))
+    throw Error("An S-part profile can only be scaled by a positive factor, not " + std::to_string(k) + ".");
+  SimProfile p = *this;
+  for (double& s : p.seconds) s *= k;
+  return p;
+}
+
+std::string format_sim_profile(const SimProfile& p) {
+  std::ostringstream out;
+  out.precision(17);
+  out << "# S-part profile" << (p.source.empty() ? "" : " from " + p.source) << "\n";
+  if (!p.model.empty()) out << "model " << p.model << "\n";
+  for (size_t i = 0; i < p.batch.size(); ++i) out << p.batch[i] << " " << p.seconds[i] << "\n";
+  return out.str();
+}
+
 SimProfile parse_sim_profile(const std::string& text, const std::string& name) {
   SimProfile p;
   p.source = name;

@@ -27,11 +27,16 @@ struct SimProfile {
 
   // T(B) in seconds for one layer at `batch` rows.
   double layer_seconds(double batch) const;
+  // The same device k times slower (k > 1) or faster; throws fd::Error unless k > 0.
+  SimProfile scaled(double k) const;
 };
 
 // Throws fd::Error("NAME:LINE: problem") for malformed text; NAME is used only in messages.
 SimProfile parse_sim_profile(const std::string& text, const std::string& name);
 SimProfile load_sim_profile(const std::string& path);
+// The profile as the file format above (a comment line naming the source first), exact enough
+// that parsing it gives back the same T(B).
+std::string format_sim_profile(const SimProfile& p);
 
 // attn_in and attn_out each occupy the simulated device for T(rows)/2. attn_in returns at the end
 // of that (sleep, then spin for the last ~150 µs), or later when producing the outputs takes

@@ -73,6 +73,21 @@ TEST_CASE("sim profile: parsing, comments, model line and the shipped A10 profil
   CHECK_FALSE(a10.model.empty());
 }
 
+TEST_CASE("sim profile: scaling and writing it back", "[sim]") {
+  const auto p = fd::parse_sim_profile("model m (A10)\n1 0.00146\n1024 0.00708\n", "a.txt");
+  const auto k = p.scaled(3.7);
+  CHECK(k.layer_seconds(32) == Approx(3.7 * p.layer_seconds(32)));
+  CHECK(k.layer_seconds(4096) == Approx(3.7 * p.layer_seconds(4096)));
+  const std::string text = fd::format_sim_profile(k);
+  CHECK(text.find("a.txt") != std::string::npos);
+  const auto back = fd::parse_sim_profile(text, "b.txt");
+  CHECK(back.model == "m (A10)");
+  CHECK(back.batch == k.batch);
+  CHECK(back.seconds == k.seconds);
+  CHECK_THROWS_AS(p.scaled(0), fd::Error);
+  CHECK_THROWS_AS(p.scaled(-2), fd::Error);
+}
+
 TEST_CASE("sim profile: errors name the file and line", "[sim]") {
   CHECK(error_of("1 0.001\n1 0.002\n").find("p.txt:2:") == 0);
   CHECK(error_of("1 0.001\n2 -0.5\n").find("p.txt:2:") == 0);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "examples/common/json.h"
+#include "examples/common/stats.h"
 #include "examples/common/list_options.h"
 #include "examples/common/node_options.h"
 #include "kernels/attention.h"
@@ -104,11 +105,6 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Read bandwidth of a sum over an array far larger than the caches, split over the pool. The

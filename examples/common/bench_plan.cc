@@ -11,6 +11,7 @@
 #include "actors/system.h"
 #include "caf/all.hpp"
 #include "examples/common/json.h"
+#include "examples/common/stats.h"
 #include "runtime/error.h"
 #include "runtime/sim_backend.h"
 
@@ -23,12 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// The run pays every hand-over, slow ones included: the mean, not the median.
-double mean(const std::vector<double>& v) {
-  double sum = 0;
-  for (double x : v) sum += x;
-  return v.empty() ? 0 : sum / double(v.size());
-}
 
 // Mean tokens a sequence holds over its life: the mean prompt (2..8 tokens) plus half of S.
 double mean_seq_tokens(const PlanRunConfig& cfg) {
@@ -66,7 +61,7 @@ double measure_s_hop(caf::actor_system& sys, const PlanRunConfig& cfg) {
     }
   } while (since(start) < cfg.min_time || rtt.size() < 20);
   caf::anon_send_exit(stream, caf::exit_reason::user_shutdown);
-  return mean(rtt);
+  return mean(rtt);  // the run pays every hand-over, slow ones included: the mean, not the median
 }
 
 struct ShardCosts {

@@ -14,7 +14,9 @@
 
 #include "actors/trace_packed.h"
 #include "caf/all.hpp"
+#include "examples/common/bench_plan.h"
 #include "examples/common/json.h"
+#include "examples/common/stats.h"
 #include "runtime/error.h"
 #include "runtime/load_control.h"
 #include "runtime/sim_backend.h"
@@ -291,6 +293,8 @@ struct Options {
   int dim = 4096, heads = 32, kv_heads = 32, ff = 11008, layers = 2, vocab = 512;
   int threads = 2;
   int attn_threads = 0;  // the node's attention threads, shared by its shards; 0: all cores
+  std::string sim_scale = "1";  // factor on the profile's T(B), or "balance"
+  int repeat = 1;               // rounds over the schedules
   uint64_t seed = 1;
 };
 
@@ -330,6 +334,11 @@ bool parse_options(int argc, char** argv, Options& o) {
       ("attn-threads", po::value(&o.attn_threads)->default_value(o.attn_threads),
        "attention threads shared by the shards (0: all cores; fewer leave cores to the S side's "
        "actors, as R-workers on other nodes would)")
+      ("sim-scale", po::value(&o.sim_scale)->default_value(o.sim_scale),
+       "factor on the profile's T(B), or 'balance': measure R on the shards first and scale T so "
+       "that a layer's S-part takes as long as its R-part at the sls mean load")
+      ("repeat", po::value(&o.repeat)->default_value(o.repeat),
+       "rounds over the schedules, interleaved so that all see the same machine; medians reported")
       ("seed", po::value(&o.seed)->default_value(o.seed), "model and prompt seed");
   po::variables_map vm;
   po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -345,8 +354,55 @@ bool parse_options(int argc, char** argv, Options& o) {
     throw Error("--batch, --max-len, --interval, --layers and --shards must be positive.");
   if (o.heads < 1 || o.kv_heads < 1 || o.dim % o.heads || o.heads % o.kv_heads)
     throw Error("--dim must be a multiple of --heads, and --heads a multiple of --kv-heads.");
+  if (o.repeat < 1) throw Error("--repeat must be at least 1.");
+  if (o.sim_scale == "balance") {
+    if (o.backend != "sim") throw Error("--sim-scale balance needs --backend sim.");
+    if (o.attn_threads != 0 && o.attn_threads != o.shards)
+      throw Error("--sim-scale balance measures R with one thread per shard: give --attn-threads "
+                  "equal to --shards, or leave it out.");
+  } else {
+    char* end = nullptr;
+    const double k = std::strtod(o.sim_scale.c_str(), &end);
+    if (end == o.sim_scale.c_str() || *end != '\0' || !(k > 0))
+      throw Error("--sim-scale takes a positive factor or 'balance', not '" + o.sim_scale + "'.");
+  }
   return true;
 }
+
+// Writes `p` with every T(B) multiplied by k, for the runs to read.
+std::string write_scaled_profile(const SimProfile& p, double k, const std::string& dir) {
+  const std::string path = dir + "/schedule_profile.txt";
+  std::ofstream f(path);
+  f << "# every T(B) multiplied by " << k << " by fastdecode-bench schedule\n"
+    << format_sim_profile(p.scaled(k));
+  if (!f) throw Error("cannot write " + path + ".");
+  return path;
+}
+
+// The paper balances S- and R-part by choosing P ≈ B·S·R / (2·T(B)) (equ:cpucon); this
+// machine's cores are fixed, so T is scaled instead: at the sls schedule's mean load of B·(S+F)/2
+// tokens per mini-batch (plus the prompts), one layer's S-part hand-over and device time equal its
+// R-part on the shards, hand-overs included, as the micro-benchmarks of the performance model
+// measure them.
+double balance_scale(const Options& o, const ModelConfig& mc, const ScheduleConfig& sc,
+                     const SimProfile& profile) {
+  PlanRunConfig cfg;
+  cfg.shape = mc;
+  cfg.sim_profile = o.sim_profile;
+  cfg.schedule = sc;
+  cfg.schedule.kind = ScheduleKind::sls;
+  cfg.pipeline = o.pipeline;
+  cfg.shards = o.shards;
+  cfg.threads = o.threads;
+  cfg.seed = o.seed;
+  const RunCosts c = calibrate_run(cfg);
+  const double load = sc.batch * ((2.0 + kMaxSchedulePrompt) / 2 + (sc.seq_len + sc.interval) / 2.0);
+  const double r_layer = c.r_hop_seconds + c.r_fixed_seconds + c.r_seconds * load / o.shards;
+  const double t = profile.layer_seconds(sc.batch);
+  return std::max(0.05, (r_layer - c.s_hop_seconds) / t);
+}
+
+
 
 const char* color_of(size_t i) {
   static constexpr const char* kColors[] = {"#d62728", "#1f77b4", "#2ca02c", "#9467bd"};
@@ -450,46 +506,89 @@ int bench_schedule_main(int argc, char** argv) {
   const int n = o.requests > 0 ? o.requests : 4 * o.batch * o.pipeline;
   const auto reqs = make_schedule_requests(n, o.seq_len, mc.vocab, model->vocab.bos, o.seed);
 
-  std::vector<ScheduleRunResult> runs;
-  for (const std::string& name : o.schedules) {
-    LocalOptions opt = base;
-    if (!parse_schedule(name, &opt.schedule.kind))
-      throw Error("--schedules takes large-batch, sls or load-control, not '" + name + "'.");
-    opt.schedule = resolve_schedule(opt.schedule);
-    ScheduleRunResult run = run_schedule(model, opt, reqs, o.threads);
-    for (const gen_result& r : run.results)
-      if (!r.error.empty()) throw Error("a request failed under " + name + ": " + r.error);
-    const ScheduleSummary s = summarize(run);
-    if (o.json) {
-      JsonLine j;
-      j.add("schedule", run.schedule)
-          .add("batch", int64_t(o.batch))
-          .add("seq_len", int64_t(o.seq_len))
-          .add("interval", int64_t(o.interval))
-          .add("pipeline", int64_t(o.pipeline))
-          .add("requests", int64_t(n))
-          .add("steps", int64_t(run.steps.size()))
-          .add("peak_load", s.peak_load)
-          .add("mean_load", s.mean_load)
-          .add("peak_step_ms", s.peak_step_ms)
-          .add("tokens_per_s", s.tokens_per_s)
-          .add("steady_tokens_per_s", s.steady_tokens_per_s)
-          .add("s_idle_frac", s.s_idle_frac)
-          .add("r_idle_frac", s.r_idle_frac)
-          .add("s_layer_ms", s.s_layer_ms)
-          .add("r_layer_ms", s.r_layer_ms)
-          .add("r_compute_layer_ms", s.r_compute_layer_ms)
-          .add("wall_s", run.wall_s);
-      std::cout << j.str() << std::endl;
-    } else {
-      std::printf("%-13s steps %5zu  peak W %7lld  mean W %9.1f  peak step %7.2f ms  %8.1f tok/s "
-                  "(steady %8.1f)  S idle %5.1f%%  R idle %5.1f%%  S %.2f R %.2f ms/layer  wall %.1f s\n",
-                  run.schedule.c_str(), run.steps.size(), static_cast<long long>(s.peak_load),
-                  s.mean_load, s.peak_step_ms, s.tokens_per_s, s.steady_tokens_per_s,
-                  100 * s.s_idle_frac, 100 * s.r_idle_frac, s.s_layer_ms, s.r_layer_ms, run.wall_s);
-      std::fflush(stdout);
+  double scale = 1;
+  if (o.backend == "sim") {
+    const SimProfile profile = load_sim_profile(o.sim_profile);
+    scale = o.sim_scale == "balance" ? balance_scale(o, mc, sc, profile) : std::stod(o.sim_scale);
+    if (scale != 1) base.sim_profile = write_scaled_profile(profile, scale, o.out_dir);
+    if (o.sim_scale == "balance") {
+      if (base.attn_threads == 0) base.attn_threads = o.shards;  // one thread per shard, as R was measured
+      if (!o.json)
+        std::printf("balanced: T(B) of %s scaled by %.3f (written to %s)\n", o.sim_profile.c_str(),
+                    scale, base.sim_profile.c_str());
     }
-    runs.push_back(std::move(run));
+  }
+
+  std::vector<ScheduleRunResult> runs;  // the first round's, for the CSV and plots
+  std::map<std::string, std::vector<double>> tps, steady;  // by schedule, over the rounds
+  for (int round = 0; round < o.repeat; ++round)
+    for (const std::string& name : o.schedules) {
+      LocalOptions opt = base;
+      if (!parse_schedule(name, &opt.schedule.kind))
+        throw Error("--schedules takes large-batch, sls or load-control, not '" + name + "'.");
+      opt.schedule = resolve_schedule(opt.schedule);
+      ScheduleRunResult run = run_schedule(model, opt, reqs, o.threads);
+      for (const gen_result& r : run.results)
+        if (!r.error.empty()) throw Error("a request failed under " + name + ": " + r.error);
+      const ScheduleSummary s = summarize(run);
+      tps[name].push_back(s.tokens_per_s);
+      steady[name].push_back(s.steady_tokens_per_s);
+      if (o.json) {
+        JsonLine j;
+        j.add("schedule", run.schedule)
+            .add("round", int64_t(round))
+            .add("batch", int64_t(o.batch))
+            .add("seq_len", int64_t(o.seq_len))
+            .add("interval", int64_t(o.interval))
+            .add("pipeline", int64_t(o.pipeline))
+            .add("requests", int64_t(n))
+            .add("sim_scale", scale)
+            .add("steps", int64_t(run.steps.size()))
+            .add("peak_load", s.peak_load)
+            .add("mean_load", s.mean_load)
+            .add("peak_step_ms", s.peak_step_ms)
+            .add("tokens_per_s", s.tokens_per_s)
+            .add("steady_tokens_per_s", s.steady_tokens_per_s)
+            .add("s_idle_frac", s.s_idle_frac)
+            .add("r_idle_frac", s.r_idle_frac)
+            .add("s_layer_ms", s.s_layer_ms)
+            .add("r_layer_ms", s.r_layer_ms)
+            .add("r_compute_layer_ms", s.r_compute_layer_ms)
+            .add("wall_s", run.wall_s);
+        std::cout << j.str() << std::endl;
+      } else {
+        std::printf("%-13s steps %5zu  peak W %7lld  mean W %9.1f  peak step %7.2f ms  %8.1f tok/s "
+                    "(steady %8.1f)  S idle %5.1f%%  R idle %5.1f%%  S %.2f R %.2f ms/layer  wall %.1f s\n",
+                    run.schedule.c_str(), run.steps.size(), static_cast<long long>(s.peak_load),
+                    s.mean_load, s.peak_step_ms, s.tokens_per_s, s.steady_tokens_per_s,
+                    100 * s.s_idle_frac, 100 * s.r_idle_frac, s.s_layer_ms, s.r_layer_ms, run.wall_s);
+        std::fflush(stdout);
+      }
+      if (round == 0) runs.push_back(std::move(run));
+    }
+  if (o.repeat > 1) {
+    // Medians over the rounds; the ratios compare each schedule with large-batch.
+    const auto lb = tps.find("large-batch");
+    for (const std::string& name : o.schedules) {
+      const double t = median(tps[name]), st = median(steady[name]);
+      const double vs = lb != tps.end() ? t / median(lb->second) : 0;
+      const double st_vs = lb != tps.end() ? st / median(steady["large-batch"]) : 0;
+      if (o.json) {
+        std::cout << JsonLine()
+                         .add("schedule", name)
+                         .add("rounds", int64_t(o.repeat))
+                         .add("median_tokens_per_s", t)
+                         .add("median_steady_tokens_per_s", st)
+                         .add("tokens_per_s_vs_large_batch", vs)
+                         .add("steady_vs_large_batch", st_vs)
+                         .str()
+                  << std::endl;
+      } else {
+        std::printf("%-13s median of %d rounds: %8.1f tok/s (steady %8.1f); vs large-batch %.3f "
+                    "(steady %.3f)\n",
+                    name.c_str(), o.repeat, t, st, vs, st_vs);
+      }
+    }
   }
   write_csv(o.out_dir + "/schedule_steps.csv", runs);
   write_svg(o.out_dir + "/schedule_latency.svg", runs,

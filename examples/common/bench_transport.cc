@@ -27,6 +27,7 @@
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "examples/common/json.h"
+#include "examples/common/stats.h"
 #include "examples/common/list_options.h"
 #include "runtime/error.h"
 
@@ -100,11 +101,6 @@ void configure(caf::actor_system_config& cfg, const Options& o) {
   if (o.mm_workers >= 0) cfg.set("middleman.workers", static_cast<size_t>(o.mm_workers));
   if (o.poll_attempts >= 0)
     cfg.set("work-stealing.aggressive-poll-attempts", static_cast<size_t>(o.poll_attempts));
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // ---- plain TCP ------------------------------------------------------------------------------
