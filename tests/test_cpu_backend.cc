@@ -45,9 +45,12 @@ float f16_ulp(float x) {
 }
 
 // Backend K/V (decoded from fp16) against the reference's fp16-rounded K/V, row by row
-// ([len][width]): |f16(a) - f16(b)| <= |a - b| + one fp16 ulp, and the fp32 error |a - b| of
-// projection and RoPE (llama.cpp's fp32 angles) stays below 2^-14 of the row's max abs
-// (measured ~1e-6).
+// ([len][width]): |f16(a) - f16(b)| <= |a - b| + one fp16 ulp. The fp32 difference |a - b| is
+// not one projection's rounding: each run attends over its own fp16 K/V history, and a value
+// that rounds to the neighbouring fp16 in one run (a tiny fp32 difference, which depends on the
+// CPU's BLAS kernels) moves everything after it by up to one fp16 ulp of its row, 2^-10 of the
+// row's max abs. Measured up to 3.2e-4 of the row max in the last layer on an AVX2-only EPYC;
+// real bugs make O(1) errors.
 void compare_kv(const std::vector<float>& got, const std::vector<float>& want, int width,
                 Stats& st) {
   REQUIRE(got.size() == want.size());
@@ -60,7 +63,7 @@ void compare_kv(const std::vector<float>& got, const std::vector<float>& want, i
     for (int i = 0; i < width; ++i) {
       if (g[i] == w[i]) continue;
       const double err =
-          std::fabs(g[i] - w[i]) / (f16_ulp(w[i]) + std::ldexp(row_max, -14));
+          std::fabs(g[i] - w[i]) / (f16_ulp(w[i]) + std::ldexp(row_max, -10));
       worst = std::max(worst, err);
       ++st.kv_flips;
     }
