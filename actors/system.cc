@@ -13,17 +13,15 @@
 
 namespace fd {
 
-void configure_caf(caf::actor_system_config& cfg, int scheduler_threads,
-                   std::chrono::microseconds idle_poll) {
+void configure_caf(caf::actor_system_config& cfg, int scheduler_threads) {
   cfg.add_message_types<caf::id_block::fastdecode>();
   cfg.set("scheduler.max-threads", std::max(2, scheduler_threads));
-  // CAF's default sleeps 50 µs on each idle poll, which adds up over the hops of every layer.
-  cfg.set("work-stealing.moderate-sleep-duration", caf::timespan{std::chrono::microseconds(2)});
-  // An idle worker steals a job queued behind a busy one only when its relaxed sleep times out:
-  // at 1 ms that hand-over latency left the R side of a balanced pipeline 14-15 % idle, at
-  // 200 µs 6 % (fastdecode-bench schedule --pipeline 2 --batch 24 --shards 1 --attn-threads 1),
-  // for 18 % instead of 6 % of a core while the process idles.
-  cfg.set("work-stealing.relaxed-sleep-duration", caf::timespan{idle_poll});
+  // Work sharing: idle workers block on a condition variable and are woken by the next message.
+  // CAF's default work stealing polls instead, and for low hop latency it must poll often; on
+  // two cores its polling took the CPU from the attention kernel of a shard's detached thread:
+  // a shard's compute per request (sls, 32 sequences, 7B-shaped layer) had deciles 4.3-10.9 ms
+  // against 3.9-5.8 ms with work sharing, which matches the kernel alone.
+  cfg.set("scheduler.policy", caf::atom("sharing"));
   cfg.set("logger.verbosity", caf::atom("quiet"));
 }
 

@@ -13,14 +13,9 @@
 
 namespace fd {
 
-// Registers the message types and tunes CAF 0.17 for low per-hop latency. Never parses argv:
-// Boost.Program_options owns the command line. idle_poll: how often an idle scheduler worker
-// wakes to steal queued work (the default suits processes that run the pipeline; a cpu node,
-// whose shards are detached, passes kCpuNodeIdlePoll and burns less CPU while idle).
-constexpr std::chrono::microseconds kPipelineIdlePoll{200};
-constexpr std::chrono::microseconds kCpuNodeIdlePoll{1000};
-void configure_caf(caf::actor_system_config& cfg, int scheduler_threads,
-                   std::chrono::microseconds idle_poll = kPipelineIdlePoll);
+// Registers the message types and picks CAF 0.17's scheduler (see system.cc for why). Never
+// parses argv: Boost.Program_options owns the command line.
+void configure_caf(caf::actor_system_config& cfg, int scheduler_threads);
 
 // Loads the middleman (before the actor system is built) with heartbeats on, so a silent peer
 // is declared dead after connection_timeout.

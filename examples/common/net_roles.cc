@@ -137,7 +137,7 @@ int run_cpu_role(const NodeArgs& args) {
   const HostPort hp = parse_host_port(args.join, "--join");
   StopSignals signals;
   caf::actor_system_config cfg;
-  configure_caf(cfg, args.threads, kCpuNodeIdlePoll);
+  configure_caf(cfg, args.threads);
   configure_network(cfg, kConnectionTimeout);
   caf::actor_system sys{cfg};
   std::string name = args.node_name;
