@@ -210,6 +210,19 @@ void say_waiting(SchedState& st) {
   st.said_waiting = true;
 }
 
+// Whether an idle mini-batch should wait for more requests before it starts (admission_window).
+bool batch_filling(const SchedState& st) {
+  if (st.queue.empty()) return false;
+  const size_t mini = static_cast<size_t>(
+      std::min_element(st.mini_seqs.begin(), st.mini_seqs.end()) - st.mini_seqs.begin());
+  if (st.mini_seqs[mini] > 0) return false;
+  const auto it = st.live.find(st.queue.front());
+  if (it == st.live.end() || clock::now() - it->second.since >= st.cfg.admission_window) return false;
+  const int quota = st.planners[mini].quota(st.mini_step[mini], shape_of(it->second.req));
+  const size_t room = static_cast<size_t>(st.cfg.max_batch) - std::min<size_t>(st.in_batch, st.cfg.max_batch);
+  return st.queue.size() < std::min<size_t>(room, static_cast<size_t>(std::max(quota, 0)));
+}
+
 void admit_queued(self_ptr self, int target = -1) {
   auto& st = self->state;
   size_t mini = static_cast<size_t>(
@@ -513,6 +526,10 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
       [self](step_atom, int32_t mini) {
         auto& st = self->state;
         if (mini == -1) {
+          if (batch_filling(st)) {
+            self->delayed_send(self, std::chrono::milliseconds(1), step_atom::value, int32_t{-1});
+            return;
+          }
           st.admit_pending = false;
           return admit_queued(self);
         }

@@ -16,6 +16,10 @@ struct SchedulerConfig {
   MiniBatchConfig mini;
   int max_batch = 256;                                   // sequences stepping together
   caf::timespan shard_wait = std::chrono::seconds(30);   // how long work waits for a shard
+  // Schedules: how long an idle mini-batch waits after the first queued request for its batch
+  // (B, or M) to fill before it starts with fewer. A burst of requests arrives one message at a
+  // time; without a wait the first batch held only those already in the mailbox.
+  caf::timespan admission_window = std::chrono::milliseconds(5);
   bool log = true;                                       // shard joins and losses on stderr
   int32_t groups = 1;                                    // R-groups (model parallelism)
   // Without a schedule, queued sequences start at once (continuous batching); with one, each

@@ -119,6 +119,7 @@ GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> mode
   sc.groups = static_cast<int32_t>(node.groups.size());
   sc.max_batch = opt.max_batch;
   sc.shard_wait = opt.shard_wait;
+  sc.admission_window = opt.admission_window;
   sc.log = opt.log;
   sc.scheduled = opt.scheduled;
   sc.schedule = opt.schedule;

@@ -28,6 +28,7 @@ struct LocalOptions {
   int max_batch = 256;
   caf::timespan timeout = std::chrono::seconds(60);     // per S-part or R-part request
   caf::timespan shard_wait = std::chrono::seconds(30);  // work waits this long for a shard
+  caf::timespan admission_window = std::chrono::milliseconds(5);  // see SchedulerConfig
   bool log = true;                                      // scheduler lines on stderr
   int pipeline = 2;                                     // mini-batches in flight (1 or 2)
   std::vector<r_group> groups;  // set from the parallelism below; empty: one with everything

@@ -42,6 +42,9 @@ TEST_CASE("sls and large-batch generate the same tokens; sls peaks lower", "[sch
   opt.schedule.batch = batch;
   opt.schedule.seq_len = steps;
   opt.schedule.interval = 4;
+  // The burst of requests reaches the scheduler one message at a time: a window long against
+  // a loaded machine's scheduling delays keeps large-batch's first batch from starting partial.
+  opt.admission_window = std::chrono::milliseconds(500);
 
   std::vector<fd::ScheduleRunResult> runs;
   for (auto kind : {fd::ScheduleKind::large_batch, fd::ScheduleKind::sls}) {
@@ -67,6 +70,9 @@ TEST_CASE("sls and large-batch generate the same tokens; sls peaks lower", "[sch
     for (const auto& s : run.steps) seq_steps += s.seqs;
     CHECK(seq_steps == int64_t(n) * steps);
   }
+  // large-batch: the burst of 2·B requests runs as two full batches, one after the other.
+  CHECK(runs[0].steps.size() == size_t(2 * steps));
+  for (const auto& s : runs[0].steps) CHECK(s.seqs == batch);
   const fd::ScheduleSummary large = fd::summarize(runs[0]), sls = fd::summarize(runs[1]);
   // large-batch runs B sequences of lengths up to prompt + S - 1 together: at least B·S at its peak.
   CHECK(large.peak_load >= int64_t(batch) * steps);

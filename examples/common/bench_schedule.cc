@@ -14,7 +14,6 @@
 
 #include "actors/trace_packed.h"
 #include "caf/all.hpp"
-#include "examples/common/bench_plan.h"
 #include "examples/common/json.h"
 #include "examples/common/stats.h"
 #include "runtime/error.h"
@@ -335,8 +334,8 @@ bool parse_options(int argc, char** argv, Options& o) {
        "attention threads shared by the shards (0: all cores; fewer leave cores to the S side's "
        "actors, as R-workers on other nodes would)")
       ("sim-scale", po::value(&o.sim_scale)->default_value(o.sim_scale),
-       "factor on the profile's T(B), or 'balance': measure R on the shards first and scale T so "
-       "that a layer's S-part takes as long as its R-part at the sls mean load")
+       "factor on the profile's T(B), or 'balance': a pilot sls run measures the device's and the "
+       "shards' work, and T is scaled to make them equal")
       ("repeat", po::value(&o.repeat)->default_value(o.repeat),
        "rounds over the schedules, interleaved so that all see the same machine; medians reported")
       ("seed", po::value(&o.seed)->default_value(o.seed), "model and prompt seed");
@@ -357,9 +356,6 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.repeat < 1) throw Error("--repeat must be at least 1.");
   if (o.sim_scale == "balance") {
     if (o.backend != "sim") throw Error("--sim-scale balance needs --backend sim.");
-    if (o.attn_threads != 0 && o.attn_threads != o.shards)
-      throw Error("--sim-scale balance measures R with one thread per shard: give --attn-threads "
-                  "equal to --shards, or leave it out.");
   } else {
     char* end = nullptr;
     const double k = std::strtod(o.sim_scale.c_str(), &end);
@@ -380,29 +376,22 @@ std::string write_scaled_profile(const SimProfile& p, double k, const std::strin
 }
 
 // The paper balances S- and R-part by choosing P ≈ B·S·R / (2·T(B)) (equ:cpucon); this
-// machine's cores are fixed, so T is scaled instead: at the sls schedule's mean load of B·(S+F)/2
-// tokens per mini-batch (plus the prompts), one layer's S-part hand-over and device time equal its
-// R-part on the shards, hand-overs included, as the micro-benchmarks of the performance model
-// measure them.
-double balance_scale(const Options& o, const ModelConfig& mc, const ScheduleConfig& sc,
-                     const SimProfile& profile) {
-  PlanRunConfig cfg;
-  cfg.shape = mc;
-  cfg.sim_profile = o.sim_profile;
-  cfg.schedule = sc;
-  cfg.schedule.kind = ScheduleKind::sls;
-  cfg.pipeline = o.pipeline;
-  cfg.shards = o.shards;
-  cfg.threads = o.threads;
-  cfg.seed = o.seed;
-  const RunCosts c = calibrate_run(cfg);
-  const double load = sc.batch * ((2.0 + kMaxSchedulePrompt) / 2 + (sc.seq_len + sc.interval) / 2.0);
-  const double r_layer = c.r_hop_seconds + c.r_fixed_seconds + c.r_seconds * load / o.shards;
-  const double t = profile.layer_seconds(sc.batch);
-  return std::max(0.05, (r_layer - c.s_hop_seconds) / t);
+// machine's cores are fixed, so T is scaled instead. A pilot sls run with the profile as it is
+// measures, over its steady window, how long the device and the shards work; the factor makes
+// the device work as long as the shards (sls keeps the R-load flat, so one factor holds for the
+// whole steady state).
+double balance_scale(std::shared_ptr<const Model> model, const LocalOptions& base,
+                     const std::vector<gen_request>& reqs, int threads) {
+  LocalOptions opt = base;
+  opt.schedule.kind = ScheduleKind::sls;
+  opt.schedule = resolve_schedule(opt.schedule);
+  const ScheduleRunResult pilot = run_schedule(model, opt, reqs, threads);
+  for (const gen_result& r : pilot.results)
+    if (!r.error.empty()) throw Error("a request of the pilot run failed: " + r.error);
+  if (!(pilot.s_busy_ms > 0) || !(pilot.r_busy_ms > 0))
+    throw Error("the pilot run measured no S or R work to balance.");
+  return pilot.r_busy_ms / pilot.s_busy_ms;
 }
-
-
 
 const char* color_of(size_t i) {
   static constexpr const char* kColors[] = {"#d62728", "#1f77b4", "#2ca02c", "#9467bd"};
@@ -509,10 +498,9 @@ int bench_schedule_main(int argc, char** argv) {
   double scale = 1;
   if (o.backend == "sim") {
     const SimProfile profile = load_sim_profile(o.sim_profile);
-    scale = o.sim_scale == "balance" ? balance_scale(o, mc, sc, profile) : std::stod(o.sim_scale);
+    scale = o.sim_scale == "balance" ? balance_scale(model, base, reqs, o.threads) : std::stod(o.sim_scale);
     if (scale != 1) base.sim_profile = write_scaled_profile(profile, scale, o.out_dir);
     if (o.sim_scale == "balance") {
-      if (base.attn_threads == 0) base.attn_threads = o.shards;  // one thread per shard, as R was measured
       if (!o.json)
         std::printf("balanced: T(B) of %s scaled by %.3f (written to %s)\n", o.sim_profile.c_str(),
                     scale, base.sim_profile.c_str());

@@ -63,7 +63,7 @@ std::vector<std::string> read_prompt_file(const std::string& path) {
 bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   std::vector<std::string> prompts;
   std::string prompts_file, kv_memory = "1GiB";
-  double timeout_s = 60, shard_wait_s = 30;
+  double timeout_s = 60, shard_wait_s = 30, admission_window_ms = 5;
   std::string schedule = "continuous", kv_dtype = "f16";
   po::options_description desc("fastdecode-node options");
   desc.add_options()
@@ -99,6 +99,8 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
        "sls/load-control: M, sequences per micro-batch (0: B*F/S)")
       ("load-limit", po::value(&a.local.schedule.load_limit)->default_value(0),
        "load-control: W_lim in tokens (0: B(S+F)/2; fastdecode-plan prints one)")
+      ("admission-window", po::value(&admission_window_ms)->default_value(5),
+       "schedules: milliseconds an idle mini-batch waits for its batch to fill")
       ("pipeline", po::value(&a.local.pipeline)->default_value(2),
        "mini-batches in flight: 2 overlaps the S-part of one with the R-part of the other")
       ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
@@ -169,6 +171,10 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   a.local.kv_memory = parse_size(kv_memory);
   a.local.timeout = caf::timespan{std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(timeout_s))};
+  if (!(admission_window_ms >= 0 && admission_window_ms <= 60000))
+    throw Error("--admission-window must be between 0 and 60000 milliseconds");
+  a.local.admission_window = caf::timespan{std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double, std::milli>(admission_window_ms))};
   if (!(shard_wait_s > 0)) throw Error("--shard-wait must be positive");
   a.local.shard_wait = caf::timespan{std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(shard_wait_s))};
