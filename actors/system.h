@@ -30,7 +30,7 @@ struct LocalOptions {
   caf::timespan shard_wait = std::chrono::seconds(30);  // work waits this long for a shard
   caf::timespan admission_window = std::chrono::milliseconds(5);  // see SchedulerConfig
   bool log = true;                                      // scheduler lines on stderr
-  int pipeline = 2;                                     // mini-batches in flight (1 or 2)
+  int pipeline = 2;                                     // mini-batches in flight (1 to 4)
   std::vector<r_group> groups;  // set from the parallelism below; empty: one with everything
   int tensor_parallel = 1;      // S-workers, each with a head/MLP slice and its own R-group
   int pipeline_parallel = 1;    // S-workers, each with consecutive layers and its own R-group

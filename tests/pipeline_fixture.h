@@ -15,8 +15,9 @@ struct PipelineRun {
 inline std::vector<fd::gen_result> run_pipeline(std::shared_ptr<const fd::Model> model,
                                                 const std::vector<fd::gen_request>& reqs,
                                                 int shards,
-                                                fd::kernels::KvDtype kv = fd::kernels::KvDtype::f16) {
-  fd::kernels::set_gemm_threads(1);  // two mini-batches call BLAS at once
+                                                fd::kernels::KvDtype kv = fd::kernels::KvDtype::f16,
+                                                int pipeline = 2) {
+  fd::kernels::set_gemm_threads(1);  // the mini-batches call BLAS at once
   caf::actor_system_config cfg;
   fd::configure_caf(cfg, 2);
   caf::actor_system sys{cfg};
@@ -25,6 +26,7 @@ inline std::vector<fd::gen_result> run_pipeline(std::shared_ptr<const fd::Model>
   opt.log = false;
   opt.kv_memory = size_t(256) << 20;
   opt.kv_dtype = kv;
+  opt.pipeline = pipeline;
   fd::LocalNode node = fd::start_local_node(sys, model, opt);
   auto out = fd::generate(sys, node.scheduler, reqs, std::chrono::minutes(10));
   fd::stop_local_node(node);

@@ -63,7 +63,7 @@ void reference_run(ReferenceModel& ref, const std::vector<int32_t>& prompt, int 
 
 void compare_with_reference(std::shared_ptr<const fd::Model> model,
                             const std::vector<std::vector<int32_t>>& prompts, int n_gen,
-                            int shards) {
+                            int shards, int pipeline = 2) {
   std::vector<fd::gen_request> reqs;
   for (const auto& p : prompts) {
     fd::gen_request r;
@@ -73,7 +73,7 @@ void compare_with_reference(std::shared_ptr<const fd::Model> model,
     r.want_logits = true;
     reqs.push_back(r);
   }
-  auto results = run_pipeline(model, reqs, shards);
+  auto results = run_pipeline(model, reqs, shards, fd::kernels::KvDtype::f16, pipeline);
   REQUIRE(results.size() == prompts.size());
   ReferenceModel ref(*model);
   const int vocab = model->cfg.vocab;
@@ -144,6 +144,11 @@ TEST_CASE("pipeline matches the reference on stories260K", "[pipeline]") {
   auto model = stories();
   for (int n : {1, 5, 33})
     for (int shards : {1, 3}) compare_with_reference(model, story_prompts(*model, n), 12, shards);
+}
+
+TEST_CASE("one to four mini-batches in flight match the reference on stories260K", "[pipeline]") {
+  auto model = stories();
+  for (int pipeline : {1, 3, 4}) compare_with_reference(model, story_prompts(*model, 9), 10, 2, pipeline);
 }
 
 TEST_CASE("pipeline matches the reference on a head_dim 128, 4:1 GQA random model", "[pipeline]") {

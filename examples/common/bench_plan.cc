@@ -165,9 +165,9 @@ void check(const PlanRunConfig& cfg) {
       m.n_heads % m.n_kv_heads != 0)
     throw Error("The planned run needs a model shape with layers, heads (a multiple of the KV "
                 "heads), a head size and a vocabulary.");
-  if (cfg.pipeline < 1 || cfg.pipeline > 2 || cfg.shards < 1 || cfg.requests < 0 ||
+  if (cfg.pipeline < 1 || cfg.pipeline > 4 || cfg.shards < 1 || cfg.requests < 0 ||
       cfg.schedule.batch < 1 || cfg.schedule.seq_len < 1 || cfg.schedule.interval < 1)
-    throw Error("The planned run needs B, S, F and shards of at least 1 and a pipeline of 1 or 2.");
+    throw Error("The planned run needs B, S, F and shards of at least 1 and a pipeline of 1 to 4.");
 }
 
 }  // namespace
@@ -259,7 +259,7 @@ int bench_plan_main(int argc, char** argv) {
       ("batch", po::value(&cfg.schedule.batch)->default_value(cfg.schedule.batch), "B, sequences per mini-batch")
       ("max-len", po::value(&cfg.schedule.seq_len)->default_value(cfg.schedule.seq_len), "S, tokens generated per request")
       ("interval", po::value(&cfg.schedule.interval)->default_value(cfg.schedule.interval), "F, steps between micro-batches")
-      ("pipeline", po::value(&cfg.pipeline)->default_value(cfg.pipeline), "mini-batches in flight, 1 or 2")
+      ("pipeline", po::value(&cfg.pipeline)->default_value(cfg.pipeline), "mini-batches in flight, 1 to 4")
       ("shards", po::value(&cfg.shards)->default_value(cfg.shards), "P, R-worker shards of one thread each")
       ("requests", po::value(&cfg.requests)->default_value(0), "requests (0: 4*B*pipeline)")
       ("layers", po::value(&cfg.shape.n_layers)->default_value(cfg.shape.n_layers), "model layers N")

@@ -320,7 +320,7 @@ bool parse_options(int argc, char** argv, Options& o) {
       ("interval", po::value(&o.interval)->default_value(o.interval), "F, steps between micro-batches")
       ("micro-batch", po::value(&o.micro_batch)->default_value(0), "M (0: B*F/S)")
       ("load-limit", po::value(&o.load_limit)->default_value(0), "W_lim in tokens (0: B(S+F)/2)")
-      ("pipeline", po::value(&o.pipeline)->default_value(o.pipeline), "mini-batches in flight, 1 or 2")
+      ("pipeline", po::value(&o.pipeline)->default_value(o.pipeline), "mini-batches in flight, 1 to 4")
       ("requests", po::value(&o.requests)->default_value(0), "requests (0: 4*B*pipeline)")
       ("shards", po::value(&o.shards)->default_value(o.shards), "R-worker shards")
       ("dim", po::value(&o.dim)->default_value(o.dim), "random model: embedding width")
@@ -348,7 +348,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   po::notify(vm);
   o.schedules = split(schedules);
   if (o.schedules.empty()) throw Error("--schedules needs at least one schedule.");
-  if (o.pipeline < 1 || o.pipeline > 2) throw Error("--pipeline must be 1 or 2.");
+  if (o.pipeline < 1 || o.pipeline > 4) throw Error("--pipeline must be 1 to 4.");
   if (o.batch < 1 || o.seq_len < 1 || o.interval < 1 || o.layers < 1 || o.shards < 1)
     throw Error("--batch, --max-len, --interval, --layers and --shards must be positive.");
   if (o.heads < 1 || o.kv_heads < 1 || o.dim % o.heads || o.heads % o.kv_heads)

@@ -102,7 +102,8 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("admission-window", po::value(&admission_window_ms)->default_value(5),
        "schedules: milliseconds an idle mini-batch waits for its batch to fill")
       ("pipeline", po::value(&a.local.pipeline)->default_value(2),
-       "mini-batches in flight: 2 overlaps the S-part of one with the R-part of the other")
+       "mini-batches in flight (1 to 4): 2 overlaps the S-part of one with the R-part of the "
+       "other; 3 or 4 absorb variation in the R-part's time")
       ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
       ("threads", po::value(&a.local.attn_threads)->default_value(0),
        "attention threads of this node, shared by its shards (0: all cores)")
@@ -138,7 +139,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (a.n_predict < 1) throw Error("-n must be at least 1");
   if (a.local.shards < 1) throw Error("--shards must be at least 1");
   if (a.local.max_batch < 1) throw Error("--max-batch must be at least 1");
-  if (a.local.pipeline < 1 || a.local.pipeline > 2) throw Error("--pipeline must be 1 or 2");
+  if (a.local.pipeline < 1 || a.local.pipeline > 4) throw Error("--pipeline must be 1 to 4");
   if (schedule != "continuous") {
     if (!parse_schedule(schedule, &a.local.schedule.kind))
       throw Error("--schedule must be continuous, large-batch, sls or load-control, not '" +
