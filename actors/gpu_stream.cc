@@ -16,17 +16,7 @@ struct StreamState {
 
 s_output next_output(StreamState& st, int next_layer) {
   s_output out;
-  out.next_layer = next_layer;
-  if (next_layer < st.backend->config().n_layers) {
-    st.backend->attn_in(*st.act, next_layer, st.qkv);
-    out.q = to_bytes(st.qkv.q.data(), st.qkv.q.size());
-    out.k = to_bytes(st.qkv.k.data(), st.qkv.k.size());
-    out.v = to_bytes(st.qkv.v.data(), st.qkv.v.size());
-  } else if (st.last) {
-    std::vector<float> logits;
-    st.backend->logits(*st.act, logits);
-    out.logits = to_bytes(logits.data(), logits.size());
-  } else {
+  if (!fill_output(*st.backend, *st.act, next_layer, st.last, st.qkv, out)) {
     std::vector<float> x;
     st.backend->get_x(*st.act, x);
     out.x = to_bytes(x.data(), x.size());

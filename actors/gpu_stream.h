@@ -3,6 +3,7 @@
 // layers, handing the residual stream to the next stage instead of producing logits.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "actors/type_ids.h"
 #include "runtime/spart.h"
@@ -15,5 +16,26 @@ stream_actor spawn_gpu_stream(caf::actor_system& sys, std::shared_ptr<const SPar
 // A pipeline stage; last: whether it ends with the logits (else with x for the next stage).
 stage_actor spawn_stage(caf::actor_system& sys, std::shared_ptr<const SPartBackend> backend,
                         bool last);
+
+// What a stream (or a tensor-parallel rank) answers once layer next_layer - 1 is done: the next
+// layer's Q/K/V (computed into qkv, sent as raw bytes), past the last layer the logits when
+// `logits` says it produces them, else nothing (returns false).
+template <class Backend, class State>
+bool fill_output(const Backend& b, State& act, int next_layer, bool logits, AttnIn& qkv,
+                 s_output& out) {
+  out.next_layer = next_layer;
+  if (next_layer < b.config().n_layers) {
+    b.attn_in(act, next_layer, qkv);
+    out.q = to_bytes(qkv.q.data(), qkv.q.size());
+    out.k = to_bytes(qkv.k.data(), qkv.k.size());
+    out.v = to_bytes(qkv.v.data(), qkv.v.size());
+    return true;
+  }
+  if (!logits) return false;
+  std::vector<float> l;
+  b.logits(act, l);
+  out.logits = to_bytes(l.data(), l.size());
+  return true;
+}
 
 }  // namespace fd

@@ -28,17 +28,7 @@ caf::result<R> guarded(F f) {
 
 s_output rank_output(RankState& st, int next_layer) {
   s_output out;
-  out.next_layer = next_layer;
-  if (next_layer < st.backend->config().n_layers) {
-    st.backend->attn_in(*st.act, next_layer, st.qkv);
-    out.q = to_bytes(st.qkv.q.data(), st.qkv.q.size());
-    out.k = to_bytes(st.qkv.k.data(), st.qkv.k.size());
-    out.v = to_bytes(st.qkv.v.data(), st.qkv.v.size());
-  } else if (st.lm_head) {
-    std::vector<float> logits;
-    st.backend->logits(*st.act, logits);
-    out.logits = to_bytes(logits.data(), logits.size());
-  }
+  fill_output(*st.backend, *st.act, next_layer, st.lm_head, st.qkv, out);
   return out;
 }
 

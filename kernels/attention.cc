@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/attention_tile.h"
 #include "kernels/kv_format.h"
 #include "kernels/thread_pool.h"
 
@@ -25,18 +26,8 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int kMaxQ = 8;          // query vectors that share one pass over a kv head
 constexpr int kTileT = 16;        // keys scored per softmax step
 constexpr int kMaxHeadDim = 256;
-
-// Query vectors of one kv head that read its keys together: the query heads of a GQA group,
-// and for prefill several rows. Keys [0, limit[j]) are visible to query j.
-struct Tile {
-  const float* q[kMaxQ];  // each [head_dim]
-  float* out[kMaxQ];      // each [head_dim]
-  int limit[kMaxQ];
-  int n = 0;
-};
 
 }  // namespace
 }  // namespace fd::kernels
@@ -209,24 +200,9 @@ void RunTileAnyWidth(const Tile& tile, const Blocks& kv, size_t hb, int kv_head,
 template <class Rows, size_t MaxL, class Blocks>
 void AttendHeads(const float* q, int n_q, int q_pos0, const Blocks& kv, size_t head_bytes,
                  const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
-  const int g = dims.n_heads / dims.n_kv_heads;
-  const size_t hd = static_cast<size_t>(dims.head_dim);
-  for (int kvh = kvh_begin; kvh < kvh_end; ++kvh) {
-    Tile tile;
-    for (int i = 0; i < n_q; ++i) {
-      for (int jj = 0; jj < g; ++jj) {
-        const size_t off = (static_cast<size_t>(i) * dims.n_heads + kvh * g + jj) * hd;
-        tile.q[tile.n] = q + off;
-        tile.out[tile.n] = out + off;
-        tile.limit[tile.n] = q_pos0 + i + 1;
-        if (++tile.n == kMaxQ) {
-          RunTileAnyWidth<Rows, MaxL>(tile, kv, head_bytes, kvh, dims.head_dim);
-          tile.n = 0;
-        }
-      }
-    }
-    if (tile.n > 0) RunTileAnyWidth<Rows, MaxL>(tile, kv, head_bytes, kvh, dims.head_dim);
-  }
+  for_each_tile(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out, [&](const Tile& tile, int kvh) {
+    RunTileAnyWidth<Rows, MaxL>(tile, kv, head_bytes, kvh, dims.head_dim);
+  });
 }
 
 constexpr size_t kAnyLanes = size_t(1) << 20;  // no cap on the vector width

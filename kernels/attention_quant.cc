@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/attention_tile.h"
 #include "kernels/kv_format.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -24,7 +25,6 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int kMaxQ = 8;      // query vectors that share one pass over a kv head
 constexpr int kTileT = 16;    // keys scored per softmax step (a multiple of 4)
 constexpr int kMaxHeadDim = 256;
 // K and V bytes of one kv head fetched ahead of the kernel: about one core's share of the read
@@ -33,14 +33,6 @@ constexpr size_t kPrefetchBytes = 6144;
 constexpr float kQ8Levels = 32767.0f;  // q8 queries are int16: |sum| <= 256 * 127 * 32767 < 2^31
 constexpr float kQ4Levels = 127.0f;    // q4 queries are int8 (u8 x i8 pair sums fit int16)
 
-// Query vectors of one kv head that read its keys together (the query heads of a GQA group and,
-// for prefill, several rows). Keys [0, limit[j]) are visible to query j.
-struct QuantTile {
-  const float* q[kMaxQ];  // each [head_dim]
-  float* out[kMaxQ];      // each [head_dim]
-  int limit[kMaxQ];
-  int n = 0;
-};
 
 // The query transform of the quantized formats: x = q * fl(1/sqrt(head_dim)) in fp32, rounded to
 // integers qi in [-levels, levels] with one scale per vector; returns the scale (x ~ qi * scale).
@@ -60,7 +52,7 @@ float QuantizeQueryInts(const float* q, size_t hd, float levels, int32_t* qi) {
 
 // Plain attention over decoded rows with the same query transform: for the SCALAR target and for
 // q8 heads whose head_dim is not a multiple of 8.
-void AttendTileScalar(const QuantTile& tile, const KvBlocks& kv, size_t head_bytes, int kv_head,
+void AttendTileScalar(const Tile& tile, const KvBlocks& kv, size_t head_bytes, int kv_head,
                       int head_dim) {
   const KvFormat& f = kv_format(kv.dtype);
   const size_t hd = static_cast<size_t>(head_dim);
@@ -340,7 +332,7 @@ struct Q8ValueRows {
 // tile into the running max / denominator, then read each value row once.
 // DK: the key chunk tag (q4: bytes, q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
-HWY_NOINLINE void AttendTileQuant(DK dk, DF df, const QuantTile& tile, const KvBlocks& kv,
+HWY_NOINLINE void AttendTileQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv,
                                   size_t head_bytes, int kv_head, int head_dim) {
   using V = hn::Vec<DF>;
   const hn::CappedTag<float, kTileT> dt;
@@ -457,7 +449,7 @@ HWY_NOINLINE void AttendTileQuant(DK dk, DF df, const QuantTile& tile, const KvB
 }
 
 template <bool kQ4, class DK, class DF>
-void RunQuantTile(DK dk, DF df, const QuantTile& tile, const KvBlocks& kv, size_t hb, int kvh, int hd) {
+void RunQuantTile(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t hb, int kvh, int hd) {
   switch (tile.n) {
     case 1: return AttendTileQuant<kQ4, 1>(dk, df, tile, kv, hb, kvh, hd);
     case 2: return AttendTileQuant<kQ4, 2>(dk, df, tile, kv, hb, kvh, hd);
@@ -471,7 +463,7 @@ void RunQuantTile(DK dk, DF df, const QuantTile& tile, const KvBlocks& kv, size_
 }
 
 // Picks the widest vectors whose chunks divide the head.
-void RunTileAnyWidth(const QuantTile& tile, const KvBlocks& kv, size_t hb, int kvh, int head_dim) {
+void RunTileAnyWidth(const Tile& tile, const KvBlocks& kv, size_t hb, int kvh, int head_dim) {
   const size_t hd = static_cast<size_t>(head_dim);
   if (kv.dtype == KvDtype::q4) {
     const hn::CappedTag<float, 16> df;
@@ -493,7 +485,7 @@ void RunTileAnyWidth(const QuantTile& tile, const KvBlocks& kv, size_t hb, int k
 
 #else  // HWY_TARGET == HWY_SCALAR
 
-void RunTileAnyWidth(const QuantTile& tile, const KvBlocks& kv, size_t hb, int kvh, int head_dim) {
+void RunTileAnyWidth(const Tile& tile, const KvBlocks& kv, size_t hb, int kvh, int head_dim) {
   AttendTileScalar(tile, kv, hb, kvh, head_dim);
 }
 
@@ -502,24 +494,9 @@ void RunTileAnyWidth(const QuantTile& tile, const KvBlocks& kv, size_t hb, int k
 // Attention of all query rows and heads that read kv heads [kvh_begin, kvh_end).
 void AttendQuantHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
                           const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
-  const int g = dims.n_heads / dims.n_kv_heads;
-  const size_t hd = static_cast<size_t>(dims.head_dim);
-  for (int kvh = kvh_begin; kvh < kvh_end; ++kvh) {
-    QuantTile tile;
-    for (int i = 0; i < n_q; ++i) {
-      for (int jj = 0; jj < g; ++jj) {
-        const size_t off = (static_cast<size_t>(i) * dims.n_heads + kvh * g + jj) * hd;
-        tile.q[tile.n] = q + off;
-        tile.out[tile.n] = out + off;
-        tile.limit[tile.n] = q_pos0 + i + 1;
-        if (++tile.n == kMaxQ) {
-          RunTileAnyWidth(tile, kv, head_bytes, kvh, dims.head_dim);
-          tile.n = 0;
-        }
-      }
-    }
-    if (tile.n > 0) RunTileAnyWidth(tile, kv, head_bytes, kvh, dims.head_dim);
-  }
+  for_each_tile(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out, [&](const Tile& tile, int kvh) {
+    RunTileAnyWidth(tile, kv, head_bytes, kvh, dims.head_dim);
+  });
 }
 
 }  // namespace HWY_NAMESPACE

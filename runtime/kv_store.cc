@@ -142,21 +142,27 @@ int KvStore::length(uint64_t seq, int layer) const {
   return it->second.len[static_cast<size_t>(layer)];
 }
 
+const KvStore::Seq* KvStore::find_for_view(uint64_t seq, int layer) const {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return nullptr;
+  if (layer < 0 || layer >= cfg_.n_layers)
+    throw Error("KV-cache has no layer " + std::to_string(layer) + " (it holds " +
+                std::to_string(cfg_.n_layers) + ").");
+  return &it->second;
+}
+
 kernels::KvBlocksF16 KvStore::view(uint64_t seq, int layer) const {
   if (cfg_.dtype != kernels::KvDtype::f16)
     throw Error(std::string("KV-cache holds ") + format_->name() +
                 " values, which have no fp16 view; use view_blocks().");
   kernels::KvBlocksF16 kv;
   kv.block_tokens = cfg_.block_tokens;
-  const auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return kv;
-  if (layer < 0 || layer >= cfg_.n_layers)
-    throw Error("KV-cache has no layer " + std::to_string(layer) + " (it holds " +
-                std::to_string(cfg_.n_layers) + ").");
-  const Seq& s = it->second;
-  kv.k = s.k[static_cast<size_t>(layer)].data();
-  kv.v = s.v[static_cast<size_t>(layer)].data();
-  kv.len = s.len[static_cast<size_t>(layer)];
+  if (const Seq* s = find_for_view(seq, layer)) {
+    const size_t l = static_cast<size_t>(layer);
+    kv.k = s->k[l].data();
+    kv.v = s->v[l].data();
+    kv.len = s->len[l];
+  }
   return kv;
 }
 
@@ -164,15 +170,12 @@ kernels::KvBlocks KvStore::view_blocks(uint64_t seq, int layer) const {
   kernels::KvBlocks kv;
   kv.dtype = cfg_.dtype;
   kv.block_tokens = cfg_.block_tokens;
-  const auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return kv;
-  if (layer < 0 || layer >= cfg_.n_layers)
-    throw Error("KV-cache has no layer " + std::to_string(layer) + " (it holds " +
-                std::to_string(cfg_.n_layers) + ").");
-  const Seq& s = it->second;
-  kv.k = s.kb[static_cast<size_t>(layer)].data();
-  kv.v = s.vb[static_cast<size_t>(layer)].data();
-  kv.len = s.len[static_cast<size_t>(layer)];
+  if (const Seq* s = find_for_view(seq, layer)) {
+    const size_t l = static_cast<size_t>(layer);
+    kv.k = s->kb[l].data();
+    kv.v = s->vb[l].data();
+    kv.len = s->len[l];
+  }
   return kv;
 }
 

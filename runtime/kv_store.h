@@ -55,6 +55,8 @@ class KvStore {
     std::vector<std::vector<const uint16_t*>> k, v; // [n_layers][pages] block pointers (f16)
     std::vector<std::vector<const uint8_t*>> kb, vb; // [n_layers][pages] the same, as bytes
   };
+  // The sequence, or null when it holds nothing; throws fd::Error for a layer the store lacks.
+  const Seq* find_for_view(uint64_t seq, int layer) const;
   KvStoreConfig cfg_;
   const kernels::KvFormat* format_ = nullptr;
   size_t head_bytes_ = 0;   // one kv head's rows of one block (KvFormat::head_block_bytes)
