@@ -210,11 +210,16 @@ void say_waiting(SchedState& st) {
   st.said_waiting = true;
 }
 
+// The mini-batch with the fewest sequences: the one an admission without a target fills.
+size_t least_loaded_mini(const SchedState& st) {
+  return static_cast<size_t>(std::min_element(st.mini_seqs.begin(), st.mini_seqs.end()) -
+                             st.mini_seqs.begin());
+}
+
 // Whether an idle mini-batch should wait for more requests before it starts (admission_window).
 bool batch_filling(const SchedState& st) {
   if (st.queue.empty()) return false;
-  const size_t mini = static_cast<size_t>(
-      std::min_element(st.mini_seqs.begin(), st.mini_seqs.end()) - st.mini_seqs.begin());
+  const size_t mini = least_loaded_mini(st);
   if (st.mini_seqs[mini] > 0) return false;
   const auto it = st.live.find(st.queue.front());
   if (it == st.live.end() || clock::now() - it->second.since >= st.cfg.admission_window) return false;
@@ -225,8 +230,7 @@ bool batch_filling(const SchedState& st) {
 
 void admit_queued(self_ptr self, int target = -1) {
   auto& st = self->state;
-  size_t mini = static_cast<size_t>(
-      std::min_element(st.mini_seqs.begin(), st.mini_seqs.end()) - st.mini_seqs.begin());
+  size_t mini = least_loaded_mini(st);
   if (st.cfg.scheduled) {
     if (target >= 0) mini = static_cast<size_t>(target);
     else if (st.mini_seqs[mini] > 0) return;  // running mini-batches admit at their steps

@@ -24,7 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-
 // Mean tokens a sequence holds over its life: the mean prompt (2..8 tokens) plus half of S.
 double mean_seq_tokens(const PlanRunConfig& cfg) {
   return (2.0 + kMaxSchedulePrompt) / 2 + cfg.schedule.seq_len / 2.0;

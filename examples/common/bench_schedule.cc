@@ -286,6 +286,7 @@ struct Options {
   std::string sim_profile = "examples/profiles/a10-llama7b.txt";
   std::string backend = "sim";
   std::vector<std::string> schedules = {"large-batch", "sls", "load-control"};
+  std::vector<ScheduleKind> kinds;  // [schedules] parsed
   int batch = 64, seq_len = 128, interval = 8, micro_batch = 0, pipeline = 1, shards = 2;
   int64_t load_limit = 0;
   int requests = 0;  // 0: 4·B per mini-batch
@@ -293,6 +294,8 @@ struct Options {
   int threads = 2;
   int attn_threads = 0;  // the node's attention threads, shared by its shards; 0: all cores
   std::string sim_scale = "1";  // factor on the profile's T(B), or "balance"
+  bool balance = false;         // sim_scale is "balance"
+  double sim_factor = 1;        // sim_scale as a number, when not balance
   int repeat = 1;               // rounds over the schedules
   uint64_t seed = 1;
 };
@@ -348,18 +351,23 @@ bool parse_options(int argc, char** argv, Options& o) {
   po::notify(vm);
   o.schedules = split(schedules);
   if (o.schedules.empty()) throw Error("--schedules needs at least one schedule.");
+  o.kinds.resize(o.schedules.size());
+  for (size_t i = 0; i < o.schedules.size(); ++i)
+    if (!parse_schedule(o.schedules[i], &o.kinds[i]))
+      throw Error("--schedules takes large-batch, sls or load-control, not '" + o.schedules[i] + "'.");
   if (o.pipeline < 1 || o.pipeline > 4) throw Error("--pipeline must be 1 to 4.");
   if (o.batch < 1 || o.seq_len < 1 || o.interval < 1 || o.layers < 1 || o.shards < 1)
     throw Error("--batch, --max-len, --interval, --layers and --shards must be positive.");
   if (o.heads < 1 || o.kv_heads < 1 || o.dim % o.heads || o.heads % o.kv_heads)
     throw Error("--dim must be a multiple of --heads, and --heads a multiple of --kv-heads.");
   if (o.repeat < 1) throw Error("--repeat must be at least 1.");
-  if (o.sim_scale == "balance") {
+  o.balance = o.sim_scale == "balance";
+  if (o.balance) {
     if (o.backend != "sim") throw Error("--sim-scale balance needs --backend sim.");
   } else {
     char* end = nullptr;
-    const double k = std::strtod(o.sim_scale.c_str(), &end);
-    if (end == o.sim_scale.c_str() || *end != '\0' || !(k > 0))
+    o.sim_factor = std::strtod(o.sim_scale.c_str(), &end);
+    if (end == o.sim_scale.c_str() || *end != '\0' || !(o.sim_factor > 0))
       throw Error("--sim-scale takes a positive factor or 'balance', not '" + o.sim_scale + "'.");
   }
   return true;
@@ -498,22 +506,20 @@ int bench_schedule_main(int argc, char** argv) {
   double scale = 1;
   if (o.backend == "sim") {
     const SimProfile profile = load_sim_profile(o.sim_profile);
-    scale = o.sim_scale == "balance" ? balance_scale(model, base, reqs, o.threads) : std::stod(o.sim_scale);
+    scale = o.balance ? balance_scale(model, base, reqs, o.threads) : o.sim_factor;
     if (scale != 1) base.sim_profile = write_scaled_profile(profile, scale, o.out_dir);
-    if (o.sim_scale == "balance") {
-      if (!o.json)
-        std::printf("balanced: T(B) of %s scaled by %.3f (written to %s)\n", o.sim_profile.c_str(),
-                    scale, base.sim_profile.c_str());
-    }
+    if (o.balance && !o.json)
+      std::printf("balanced: T(B) of %s scaled by %.3f (written to %s)\n", o.sim_profile.c_str(),
+                  scale, base.sim_profile.c_str());
   }
 
   std::vector<ScheduleRunResult> runs;  // the first round's, for the CSV and plots
   std::map<std::string, std::vector<double>> tps, steady;  // by schedule, over the rounds
   for (int round = 0; round < o.repeat; ++round)
-    for (const std::string& name : o.schedules) {
+    for (size_t i = 0; i < o.schedules.size(); ++i) {
+      const std::string& name = o.schedules[i];
       LocalOptions opt = base;
-      if (!parse_schedule(name, &opt.schedule.kind))
-        throw Error("--schedules takes large-batch, sls or load-control, not '" + name + "'.");
+      opt.schedule.kind = o.kinds[i];
       opt.schedule = resolve_schedule(opt.schedule);
       ScheduleRunResult run = run_schedule(model, opt, reqs, o.threads);
       for (const gen_result& r : run.results)
@@ -556,11 +562,12 @@ int bench_schedule_main(int argc, char** argv) {
     }
   if (o.repeat > 1) {
     // Medians over the rounds; the ratios compare each schedule with large-batch.
-    const auto lb = tps.find("large-batch");
+    const bool has_lb = tps.count("large-batch") > 0;
+    const double lb = has_lb ? median(tps["large-batch"]) : 0;
+    const double lb_steady = has_lb ? median(steady["large-batch"]) : 0;
     for (const std::string& name : o.schedules) {
       const double t = median(tps[name]), st = median(steady[name]);
-      const double vs = lb != tps.end() ? t / median(lb->second) : 0;
-      const double st_vs = lb != tps.end() ? st / median(steady["large-batch"]) : 0;
+      const double vs = has_lb ? t / lb : 0, st_vs = has_lb ? st / lb_steady : 0;
       if (o.json) {
         std::cout << JsonLine()
                          .add("schedule", name)
