@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 
+#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
@@ -50,6 +51,23 @@ HWY_INLINE hn::Vec<D> Sum4InBlocks(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D>
   return hn::Add(hn::BitCast(d, lo), hn::BitCast(d, hi));
 }
 #endif
+
+// Fetches bytes [begin, end) after base into the cache in `slices` slices, one per call of
+// Next(), so that the requests do not arrive in one burst; a null base fetches nothing.
+class PacedPrefetch {
+ public:
+  PacedPrefetch(const uint8_t* base, size_t begin, size_t end, size_t slices)
+      : base_(base), at_(begin / 64 * 64), begin_(begin), end_(end), slices_(slices) {}
+  HWY_INLINE void Next() {
+    if (base_ == nullptr) return;
+    const size_t to = std::min(end_, begin_ + (end_ - begin_) * ++done_ / slices_);
+    for (; at_ < to; at_ += 64) hwy::Prefetch(base_ + at_);
+  }
+
+ private:
+  const uint8_t* base_;
+  size_t at_, begin_, end_, slices_, done_ = 0;
+};
 
 // acc[j][c, c + CB * L) += sum over the n rows of w[j][t] * v_t[c, c + CB * L), where
 // rows.Load(d, t, c) gives elements [c, c + Lanes(d)) of value row t as fp32: CB chunks per pass

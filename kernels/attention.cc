@@ -91,118 +91,147 @@ HWY_INLINE void ScoreRows(D d, const Rows& kr, size_t row0, const float (*qs)[kM
   LaneSums<TP * NQ>(d, a, sums);
 }
 
-// Streaming softmax over the keys in tiles of kTileT: per tile, score every key once for all NQ
-// queries, fold the tile into the running max / denominator, then read each value row once.
-template <class Rows, int NQ, class D, class Blocks>
-HWY_NOINLINE void AttendTile(D d, const Tile& tile, const Blocks& kv, size_t head_bytes,
-                             int kv_head, int head_dim) {
-  using V = hn::Vec<D>;
-  const hn::CappedTag<float, kTileT> dt;
-  const size_t L = hn::Lanes(d);
-  const size_t hd = static_cast<size_t>(head_dim);
-  const size_t bt = static_cast<size_t>(kv.block_tokens);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-
-  constexpr int TP = NQ == 1 ? 4 : NQ == 2 ? 2 : 1;  // key rows scored per pass
-  constexpr int CB = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;  // value chunks accumulated per pass
+// One query tile's running state over its keys: scaled queries, unnormalised outputs and the
+// online softmax's running max and denominator.
+template <int NQ>
+struct TileState {
   HWY_ALIGN float qs[NQ][kMaxHeadDim];   // scaled queries
   HWY_ALIGN float acc[NQ][kMaxHeadDim];  // unnormalised outputs
-  HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current tile
+  HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current key tile
   float m[NQ], l[NQ];
-  int max_limit = 0;
+  int max_limit = 0;   // keys [0, max_limit) are visible to some query of the tile
+  size_t head_off = 0;  // bytes from a block's start to the tile's kv head
+};
+
+template <int NQ>
+void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, TileState<NQ>& st) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int j = 0; j < NQ; ++j) {
     for (size_t c = 0; c < hd; ++c) {
-      qs[j][c] = tile.q[j][c] * scale;
-      acc[j][c] = 0.0f;
+      st.qs[j][c] = tile.q[j][c] * scale;
+      st.acc[j][c] = 0.0f;
     }
-    m[j] = neg_inf;
-    l[j] = 0.0f;
-    max_limit = std::max(max_limit, tile.limit[j]);
+    st.m[j] = -std::numeric_limits<float>::infinity();
+    st.l[j] = 0.0f;
+    st.max_limit = std::max(st.max_limit, tile.limit[j]);
   }
+  st.head_off = static_cast<size_t>(kv_head) * head_bytes;
+}
 
-  const size_t head_off = static_cast<size_t>(kv_head) * head_bytes;
-  const size_t n_blocks = (static_cast<size_t>(max_limit) + bt - 1) / bt;
-  const size_t row_bytes = (head_bytes + bt - 1) / bt;  // prefetch pace: one row's share per key
-  for (int t0 = 0; t0 < max_limit;) {
-    const size_t b = static_cast<size_t>(t0) / bt;
+// Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
+// key once for all NQ queries, fold the tile into the running max / denominator, then read each
+// value row once. kn, vn: the K and V rows (of this head's size) read next, fetched meanwhile
+// because the hardware prefetcher stops at page boundaries and at jumps between kv heads.
+template <class Rows, int NQ, class D, class Blocks>
+HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head_bytes, size_t b,
+                            size_t hd, TileState<NQ>& st, const uint8_t* kn, const uint8_t* vn) {
+  const hn::CappedTag<float, kTileT> dt;
+  const size_t L = hn::Lanes(d);
+  const size_t bt = static_cast<size_t>(kv.block_tokens);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  constexpr int TP = NQ == 1 ? 4 : NQ == 2 ? 2 : 1;  // key rows scored per pass
+  constexpr int CB = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;  // value chunks accumulated per pass
+
+  const size_t row_bytes = (head_bytes + bt - 1) / bt;
+  const Rows kr(Bytes(kv.k[b]) + st.head_off, hd, bt), vr(Bytes(kv.v[b]) + st.head_off, hd, bt);
+  const int block_end = static_cast<int>(std::min((b + 1) * bt, static_cast<size_t>(st.max_limit)));
+  for (int t0 = static_cast<int>(b * bt); t0 < block_end;) {
     const size_t tb = static_cast<size_t>(t0) - b * bt;
-    const int n = static_cast<int>(
-        std::min<size_t>({static_cast<size_t>(kTileT), bt - tb, static_cast<size_t>(max_limit - t0)}));
-    const uint8_t* kb = Bytes(kv.k[b]) + head_off;
-    const uint8_t* vb = Bytes(kv.v[b]) + head_off;
-    // The next block sits on another page, out of reach of the hardware prefetcher: fetch it
-    // while this one is computed, a slice per key so the requests do not arrive in one burst.
-    const uint8_t* kn = b + 1 < n_blocks ? Bytes(kv.k[b + 1]) + head_off : nullptr;
-    const uint8_t* vn = b + 1 < n_blocks ? Bytes(kv.v[b + 1]) + head_off : nullptr;
-    const Rows kr(kb, hd, bt), vr(vb, hd, bt);
-    size_t pf = tb * row_bytes / 64 * 64;  // next prefetch offset in the next block
-
+    const int n = std::min(kTileT, block_end - t0);
+    const size_t rows_begin = tb * row_bytes, rows_end = (tb + static_cast<size_t>(n)) * row_bytes;
+    PacedPrefetch next_keys(kn, rows_begin, rows_end, static_cast<size_t>(n / TP + n % TP));
     for (int t = 0; t < n;) {
-      if (kn != nullptr) {
-        for (const size_t end = (tb + static_cast<size_t>(t) + TP) * row_bytes; pf < end; pf += 64) {
-          hwy::Prefetch(kn + pf);
-          hwy::Prefetch(vn + pf);
-        }
-      }
+      next_keys.Next();
       float sums[TP * NQ];
       const int rows = t + TP <= n ? TP : 1;  // the last rows of a block go one at a time
       if (rows == TP)
-        ScoreRows<NQ, TP>(d, kr, tb + static_cast<size_t>(t), qs, hd, sums);
+        ScoreRows<NQ, TP>(d, kr, tb + static_cast<size_t>(t), st.qs, hd, sums);
       else
-        ScoreRows<NQ, 1>(d, kr, tb + static_cast<size_t>(t), qs, hd, sums);
+        ScoreRows<NQ, 1>(d, kr, tb + static_cast<size_t>(t), st.qs, hd, sums);
       for (int p = 0; p < rows; ++p) {
         const int tt = t + p;
 #pragma GCC unroll 8
-        for (int j = 0; j < NQ; ++j) s[j][tt] = t0 + tt < tile.limit[j] ? sums[p * NQ + j] : neg_inf;
+        for (int j = 0; j < NQ; ++j) st.s[j][tt] = t0 + tt < tile.limit[j] ? sums[p * NQ + j] : neg_inf;
       }
       t += rows;
     }
-    for (int j = 0; j < NQ; ++j) SoftmaxFoldTile(dt, d, s[j], n, kTileT, m[j], l[j], acc[j], hd);
+    for (int j = 0; j < NQ; ++j) SoftmaxFoldTile(dt, d, st.s[j], n, kTileT, st.m[j], st.l[j], st.acc[j], hd);
+    PacedPrefetch next_values(vn, rows_begin, rows_end, hd / (CB * L) + hd % (CB * L) / L);
     size_t c = 0;
-    for (; c + CB * L <= hd; c += CB * L) AccumulateRows<NQ, CB>(d, vr, tb, n, s, c, acc);
-    for (; c < hd; c += L) AccumulateRows<NQ, 1>(d, vr, tb, n, s, c, acc);
+    for (; c + CB * L <= hd; c += CB * L) {
+      next_values.Next();
+      AccumulateRows<NQ, CB>(d, vr, tb, n, st.s, c, st.acc);
+    }
+    for (; c < hd; c += L) {
+      next_values.Next();
+      AccumulateRows<NQ, 1>(d, vr, tb, n, st.s, c, st.acc);
+    }
     t0 += n;
   }
+}
 
-  for (int j = 0; j < NQ; ++j) {
-    const V inv = hn::Set(d, 1.0f / l[j]);
-    for (size_t c = 0; c < hd; c += L) hn::StoreU(hn::Mul(hn::Load(d, acc[j] + c), inv), d, tile.out[j] + c);
+// Attention of a group of tiles that read different kv heads (or, for prefill, different rows),
+// block-major (for_each_block_visit). Each tile's arithmetic is the same as when it runs alone.
+template <class Rows, int NQ, class D, class Blocks>
+HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n_tiles,
+                              const Blocks& kv, size_t head_bytes, int head_dim) {
+  using V = hn::Vec<D>;
+  const size_t L = hn::Lanes(d);
+  const size_t hd = static_cast<size_t>(head_dim);
+  const size_t bt = static_cast<size_t>(kv.block_tokens);
+  TileState<NQ> st[kMaxGroupQ / NQ];
+  size_t blocks[kMaxGroupQ / NQ] = {};
+  for (int i = 0; i < n_tiles; ++i) {
+    BeginTile(tiles[i], kv_heads[i], head_bytes, hd, st[i]);
+    blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
+  }
+  for_each_block_visit(blocks, n_tiles, 1, [&](int i, size_t b, int ai, size_t ab) {
+    const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
+    const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
+    AttendBlock<Rows, NQ>(d, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
+  });
+  for (int i = 0; i < n_tiles; ++i) {
+    for (int j = 0; j < NQ; ++j) {
+      const V inv = hn::Set(d, 1.0f / st[i].l[j]);
+      for (size_t c = 0; c < hd; c += L)
+        hn::StoreU(hn::Mul(hn::Load(d, st[i].acc[j] + c), inv), d, tiles[i].out[j] + c);
+    }
   }
 }
 
 template <class Rows, class D, class Blocks>
-void RunTile(D d, const Tile& tile, const Blocks& kv, size_t hb, int kv_head, int head_dim) {
-  switch (tile.n) {
-    case 1: return AttendTile<Rows, 1>(d, tile, kv, hb, kv_head, head_dim);
-    case 2: return AttendTile<Rows, 2>(d, tile, kv, hb, kv_head, head_dim);
-    case 3: return AttendTile<Rows, 3>(d, tile, kv, hb, kv_head, head_dim);
-    case 4: return AttendTile<Rows, 4>(d, tile, kv, hb, kv_head, head_dim);
-    case 5: return AttendTile<Rows, 5>(d, tile, kv, hb, kv_head, head_dim);
-    case 6: return AttendTile<Rows, 6>(d, tile, kv, hb, kv_head, head_dim);
-    case 7: return AttendTile<Rows, 7>(d, tile, kv, hb, kv_head, head_dim);
-    default: return AttendTile<Rows, 8>(d, tile, kv, hb, kv_head, head_dim);
+void RunGroup(D d, const Tile* t, const int* kvh, int n, const Blocks& kv, size_t hb, int head_dim) {
+  switch (t[0].n) {
+    case 1: return AttendGroup<Rows, 1>(d, t, kvh, n, kv, hb, head_dim);
+    case 2: return AttendGroup<Rows, 2>(d, t, kvh, n, kv, hb, head_dim);
+    case 3: return AttendGroup<Rows, 3>(d, t, kvh, n, kv, hb, head_dim);
+    case 4: return AttendGroup<Rows, 4>(d, t, kvh, n, kv, hb, head_dim);
+    case 5: return AttendGroup<Rows, 5>(d, t, kvh, n, kv, hb, head_dim);
+    case 6: return AttendGroup<Rows, 6>(d, t, kvh, n, kv, hb, head_dim);
+    case 7: return AttendGroup<Rows, 7>(d, t, kvh, n, kv, hb, head_dim);
+    default: return AttendGroup<Rows, 8>(d, t, kvh, n, kv, hb, head_dim);
   }
 }
 
 // The widest vector (of at most MaxL lanes) whose lane count divides head_dim.
 template <class Rows, size_t MaxL, class Blocks>
-void RunTileAnyWidth(const Tile& tile, const Blocks& kv, size_t hb, int kv_head, int head_dim) {
+void RunGroupAnyWidth(const Tile* t, const int* kvh, int n, const Blocks& kv, size_t hb, int head_dim) {
   const hn::CappedTag<float, MaxL> d;
   const size_t hd = static_cast<size_t>(head_dim);
-  if (hd % hn::Lanes(d) == 0) return RunTile<Rows>(d, tile, kv, hb, kv_head, head_dim);
-  if (hd % 8 == 0) return RunTile<Rows>(hn::CappedTag<float, 8>(), tile, kv, hb, kv_head, head_dim);
-  if (hd % 4 == 0) return RunTile<Rows>(hn::CappedTag<float, 4>(), tile, kv, hb, kv_head, head_dim);
-  return RunTile<Rows>(hn::CappedTag<float, 1>(), tile, kv, hb, kv_head, head_dim);
+  if (hd % hn::Lanes(d) == 0) return RunGroup<Rows>(d, t, kvh, n, kv, hb, head_dim);
+  if (hd % 8 == 0) return RunGroup<Rows>(hn::CappedTag<float, 8>(), t, kvh, n, kv, hb, head_dim);
+  if (hd % 4 == 0) return RunGroup<Rows>(hn::CappedTag<float, 4>(), t, kvh, n, kv, hb, head_dim);
+  return RunGroup<Rows>(hn::CappedTag<float, 1>(), t, kvh, n, kv, hb, head_dim);
 }
 
 // Attention of all query rows and heads that read kv heads [kvh_begin, kvh_end).
 template <class Rows, size_t MaxL, class Blocks>
 void AttendHeads(const float* q, int n_q, int q_pos0, const Blocks& kv, size_t head_bytes,
                  const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
-  for_each_tile(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out, [&](const Tile& tile, int kvh) {
-    RunTileAnyWidth<Rows, MaxL>(tile, kv, head_bytes, kvh, dims.head_dim);
-  });
+  for_each_tile_group(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out,
+                      [&](const Tile* tiles, const int* kvh, int n) {
+                        RunGroupAnyWidth<Rows, MaxL>(tiles, kvh, n, kv, head_bytes, dims.head_dim);
+                      });
 }
 
 constexpr size_t kAnyLanes = size_t(1) << 20;  // no cap on the vector width
@@ -251,6 +280,16 @@ void check_rows(int n_q, int q_pos0, int len) {
                                 std::to_string(len) + " cached tokens.");
 }
 
+// Kv heads per work unit of a batched call: all of a sequence's heads when there are enough
+// sequences to keep every thread busy, so that a unit reads each block's K (and V) of all heads
+// as one run; fewer when the batch is small.
+int heads_per_unit(size_t items, int kv_heads, int threads) {
+  int hpu = kv_heads;
+  const auto units = [&](int h) { return items * static_cast<size_t>((kv_heads + h - 1) / h); };
+  while (hpu > 1 && units(hpu) < 4 * static_cast<size_t>(threads)) hpu = (hpu + 1) / 2;
+  return hpu;
+}
+
 void check_format(const KvFormat& f, int head_dim) {
   if (!f.supports(head_dim))
     throw std::invalid_argument(std::string("The ") + f.name() + " KV format cannot hold head_dim " +
@@ -289,12 +328,13 @@ void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, 
     check_shape(d, items[i].kv.block_tokens);
     check_rows(items[i].n_q, items[i].q_pos0, items[i].kv.len);
   }
-  const size_t h = static_cast<size_t>(d.n_kv_heads);
+  const int hpu = heads_per_unit(n, d.n_kv_heads, pool.threads());
+  const size_t units = static_cast<size_t>((d.n_kv_heads + hpu - 1) / hpu);
   const auto fn = HWY_DYNAMIC_DISPATCH(AttendHeadsF16Impl);
-  pool.run(n * h, [&](size_t u) {
-    const AttnItemF16& it = items[u / h];
-    const int kvh = static_cast<int>(u % h);
-    if (it.n_q > 0) fn(it.q, it.n_q, it.q_pos0, it.kv, d, kvh, kvh + 1, it.out);
+  pool.run(n * units, [&](size_t u) {
+    const AttnItemF16& it = items[u / units];
+    const int kvh = static_cast<int>(u % units) * hpu;
+    if (it.n_q > 0) fn(it.q, it.n_q, it.q_pos0, it.kv, d, kvh, std::min(kvh + hpu, d.n_kv_heads), it.out);
   });
 }
 
@@ -304,11 +344,13 @@ void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadP
     check_rows(items[i].n_q, items[i].q_pos0, items[i].kv.len);
     check_format(kv_format(items[i].kv.dtype), d.head_dim);
   }
-  const size_t h = static_cast<size_t>(d.n_kv_heads);
-  pool.run(n * h, [&](size_t u) {
-    const AttnItem& it = items[u / h];
-    const int kvh = static_cast<int>(u % h);
-    if (it.n_q > 0) kv_format(it.kv.dtype).attend(it.q, it.n_q, it.q_pos0, it.kv, d, kvh, kvh + 1, it.out);
+  const int hpu = heads_per_unit(n, d.n_kv_heads, pool.threads());
+  const size_t units = static_cast<size_t>((d.n_kv_heads + hpu - 1) / hpu);
+  pool.run(n * units, [&](size_t u) {
+    const AttnItem& it = items[u / units];
+    const int kvh = static_cast<int>(u % units) * hpu;
+    if (it.n_q > 0)
+      kv_format(it.kv.dtype).attend(it.q, it.n_q, it.q_pos0, it.kv, d, kvh, std::min(kvh + hpu, d.n_kv_heads), it.out);
   });
 }
 

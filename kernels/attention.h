@@ -62,7 +62,7 @@ struct AttnItem {
   KvBlocks kv;
 };
 
-// Attention for n items, split into (item, kv head) work units over the pool's threads. Each
+// Attention for n items, split into (item, range of kv heads) work units over the pool's threads. Each
 // unit is computed by one thread in a fixed order, so results do not depend on the thread count.
 void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, ThreadPool& pool);
 void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadPool& pool);

@@ -327,166 +327,201 @@ struct Q8ValueRows {
   }
 };
 
-// Streaming softmax over one kv head, block by block in tiles of kTileT keys that start at
-// multiples of 4 within a block: per tile, score every key once for all NQ queries, fold the
-// tile into the running max / denominator, then read each value row once.
-// DK: the key chunk tag (q4: bytes, q8: int16), DF: the value tag (q4: at most 16 lanes).
-template <bool kQ4, int NQ, class DK, class DF>
-HWY_NOINLINE void AttendTileQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv,
-                                  size_t head_bytes, int kv_head, int head_dim) {
-  using V = hn::Vec<DF>;
-  const hn::CappedTag<float, kTileT> dt;
-  const size_t L = hn::Lanes(df);
-  const size_t LT = hn::Lanes(dt);
-  const size_t hd = static_cast<size_t>(head_dim);
-  const size_t bt = static_cast<size_t>(kv.block_tokens);
-  const size_t groups = hd / 32;
-  const size_t row_bytes = kQ4 ? hd / 2 : hd;
-  const size_t data_off = kQ4 ? detail::q4_data_offset(bt, groups) : bt * sizeof(float);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-
-  constexpr int CU = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;  // value units / chunks per pass
+// One query tile's running state over its keys (the quantized counterpart of attention.cc's).
+template <bool kQ4, int NQ>
+struct QuantTileState {
   QuantQuery qq[NQ];
   HWY_ALIGN float acc[NQ][kMaxHeadDim];  // unnormalised outputs
-  HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current tile
+  HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current key tile
   // Value weights: q4 probability * group scale [j][g][t]; q8 probability * row scale [j][t].
   HWY_ALIGN float w4[kQ4 ? NQ : 1][kMaxHeadDim / 32][kTileT];
   HWY_ALIGN float w8[kQ4 ? 1 : NQ][kTileT];
   float m[NQ], l[NQ];
-  int max_limit = 0;
-  for (int j = 0; j < NQ; ++j) {
-    QuantizeQuery<kQ4>(tile.q[j], hd, qq[j]);
-    for (size_t c = 0; c < hd; ++c) acc[j][c] = 0.0f;
-    m[j] = neg_inf;
-    l[j] = 0.0f;
-    max_limit = std::max(max_limit, tile.limit[j]);
-  }
+  int max_limit = 0;    // keys [0, max_limit) are visible to some query of the tile
+  size_t head_off = 0;  // bytes from a block's start to the tile's kv head
+};
 
-  const size_t head_off = static_cast<size_t>(kv_head) * head_bytes;
-  const size_t n_blocks = (static_cast<size_t>(max_limit) + bt - 1) / bt;
-  const size_t pf_pace = (head_bytes + bt - 1) / bt;  // prefetch one row's share per key
-  const size_t pd = 1 + kPrefetchBytes / (2 * head_bytes);  // prefetch distance in blocks
-  for (size_t b = 1; b < std::min(pd, n_blocks); ++b)  // the blocks before the first paced one
-    for (size_t pf = 0; pf < head_bytes; pf += 64) {
-      hwy::Prefetch(Bytes(kv.k[b]) + head_off + pf);
-      hwy::Prefetch(Bytes(kv.v[b]) + head_off + pf);
-    }
-  for (size_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* kb = Bytes(kv.k[b]) + head_off;
-    const uint8_t* vb = Bytes(kv.v[b]) + head_off;
-    // Later blocks sit on other pages, out of reach of the hardware prefetcher: fetch block
-    // b + pd while this one is computed, a slice per key so the requests do not come in a burst.
-    const uint8_t* kn = b + pd < n_blocks ? Bytes(kv.k[b + pd]) + head_off : nullptr;
-    const uint8_t* vn = b + pd < n_blocks ? Bytes(kv.v[b + pd]) + head_off : nullptr;
-    size_t pf = 0;
-    const size_t bn = std::min(bt, static_cast<size_t>(max_limit) - b * bt);  // rows used
-    const uint8_t* kd = kb + data_off;
-    const uint8_t* vd = vb + data_off;
-    for (size_t tb = 0; tb < bn; tb += kTileT) {
-      const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
-      const int t0 = static_cast<int>(b * bt + tb);
-      for (int t = 0; t < n; t += 4) {
-        if (kn != nullptr) {
-          for (const size_t end = (tb + static_cast<size_t>(t) + 4) * pf_pace; pf < end; pf += 64) {
-            hwy::Prefetch(kn + pf);
-            hwy::Prefetch(vn + pf);
-          }
-        }
-        size_t rows[4];
-        for (int i = 0; i < 4; ++i) rows[i] = tb + static_cast<size_t>(std::min(t + i, n - 1));
-        float sums[NQ][4];
-        if constexpr (kQ4) {
-          const auto* sc = reinterpret_cast<const uint16_t*>(kb) + (tb + static_cast<size_t>(t)) / 4 * groups * 4;
-          ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, qq, sums);
-        } else {
-          ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
-                          reinterpret_cast<const float*>(kb), qq, sums);
-        }
-        for (int i = 0; i < 4 && t + i < n; ++i)
-#pragma GCC unroll 8
-          for (int j = 0; j < NQ; ++j) s[j][t + i] = t0 + t + i < tile.limit[j] ? sums[j][i] : neg_inf;
-      }
-      for (int j = 0; j < NQ; ++j) {
-        SoftmaxFoldTile(dt, df, s[j], n, kTileT, m[j], l[j], acc[j], hd);
-        if constexpr (kQ4) {
-          // Four rows' scales of a group are adjacent: w4[j][g][t, t + 4) in one multiply.
-          const hn::Full128<float> d4;
-          for (int t = 0; t < n; t += 4) {
-            const auto* sc = reinterpret_cast<const uint16_t*>(vb) + (tb + static_cast<size_t>(t)) / 4 * groups * 4;
-            const auto p = hn::Load(d4, s[j] + t);
-            for (size_t g = 0; g < groups; ++g)
-              hn::Store(hn::Mul(p, LoadF16(d4, sc + g * 4)), d4, w4[j][g] + t);
-          }
-        } else {
-          const float* sc = reinterpret_cast<const float*>(vb);
-          for (int t = 0; t < n; ++t) w8[j][t] = s[j][t] * sc[tb + static_cast<size_t>(t)];
-        }
-      }
+// Streaming softmax over the visible keys of block b in tiles of kTileT keys that start at
+// multiples of 4 within the block: per tile, score every key once for all NQ queries, fold the
+// tile into the running max / denominator, then read each value row once. kn, vn: the K and V
+// rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps).
+// DK: the key chunk tag (q4: bytes, q8: int16), DF: the value tag (q4: at most 16 lanes).
+template <bool kQ4, int NQ, class DK, class DF>
+HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
+                                 size_t b, size_t hd, QuantTileState<kQ4, NQ>& st, const uint8_t* kn,
+                                 const uint8_t* vn) {
+  const hn::CappedTag<float, kTileT> dt;
+  const size_t L = hn::Lanes(df);
+  const size_t bt = static_cast<size_t>(kv.block_tokens);
+  const size_t groups = hd / 32;
+  const size_t row_bytes = kQ4 ? hd / 2 : hd;
+  const size_t data_off = kQ4 ? detail::q4_data_offset(bt, groups) : bt * sizeof(float);
+  const size_t pf_pace = (head_bytes + bt - 1) / bt;  // one row's share of the head's bytes
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  constexpr int CU = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;  // value units / chunks per pass
+
+  const uint8_t* kb = Bytes(kv.k[b]) + st.head_off;
+  const uint8_t* vb = Bytes(kv.v[b]) + st.head_off;
+  const size_t bn = std::min(bt, static_cast<size_t>(st.max_limit) - b * bt);  // rows used
+  const uint8_t* kd = kb + data_off;
+  const uint8_t* vd = vb + data_off;
+  for (size_t tb = 0; tb < bn; tb += kTileT) {
+    const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
+    const int t0 = static_cast<int>(b * bt + tb);
+    // A tile's share of the next rows, scales included: the whole head for the block's last tile.
+    const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
+    PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
+    for (int t = 0; t < n; t += 4) {
+      next_keys.Next();
+      size_t rows[4];
+      for (int i = 0; i < 4; ++i) rows[i] = tb + static_cast<size_t>(std::min(t + i, n - 1));
+      float sums[NQ][4];
       if constexpr (kQ4) {
-        const size_t units = row_bytes / L;
-        size_t u = 0;
-        for (; u + CU <= units; u += CU) AccumulateQ4<NQ, CU>(df, vd, row_bytes, tb, n, w4, u, acc);
-        if constexpr (CU > 2) {  // keep two units' chains in flight on narrow heads
-          for (; u + 2 <= units; u += 2) AccumulateQ4<NQ, 2>(df, vd, row_bytes, tb, n, w4, u, acc);
-        }
-        for (; u < units; ++u) AccumulateQ4<NQ, 1>(df, vd, row_bytes, tb, n, w4, u, acc);
+        const auto* sc = reinterpret_cast<const uint16_t*>(kb) + (tb + static_cast<size_t>(t)) / 4 * groups * 4;
+        ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, sums);
       } else {
-        const auto* vd8 = reinterpret_cast<const int8_t*>(vd);
-        size_t c = 0;
-        for (; c + CU * L <= hd; c += CU * L) AccumulateRows<NQ, CU>(df, Q8ValueRows{vd8, hd}, tb, n, w8, c, acc);
-        if constexpr (CU > 2) {
-          for (; c + 2 * L <= hd; c += 2 * L) AccumulateRows<NQ, 2>(df, Q8ValueRows{vd8, hd}, tb, n, w8, c, acc);
+        ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
+                        reinterpret_cast<const float*>(kb), st.qq, sums);
+      }
+      for (int i = 0; i < 4 && t + i < n; ++i)
+#pragma GCC unroll 8
+        for (int j = 0; j < NQ; ++j) st.s[j][t + i] = t0 + t + i < tile.limit[j] ? sums[j][i] : neg_inf;
+    }
+    for (int j = 0; j < NQ; ++j) {
+      SoftmaxFoldTile(dt, df, st.s[j], n, kTileT, st.m[j], st.l[j], st.acc[j], hd);
+      if constexpr (kQ4) {
+        // Four rows' scales of a group are adjacent: w4[j][g][t, t + 4) in one multiply.
+        const hn::Full128<float> d4;
+        for (int t = 0; t < n; t += 4) {
+          const auto* sc = reinterpret_cast<const uint16_t*>(vb) + (tb + static_cast<size_t>(t)) / 4 * groups * 4;
+          const auto p = hn::Load(d4, st.s[j] + t);
+          for (size_t g = 0; g < groups; ++g)
+            hn::Store(hn::Mul(p, LoadF16(d4, sc + g * 4)), d4, st.w4[j][g] + t);
         }
-        for (; c < hd; c += L) AccumulateRows<NQ, 1>(df, Q8ValueRows{vd8, hd}, tb, n, w8, c, acc);
+      } else {
+        const float* sc = reinterpret_cast<const float*>(vb);
+        for (int t = 0; t < n; ++t) st.w8[j][t] = st.s[j][t] * sc[tb + static_cast<size_t>(t)];
       }
     }
+    if constexpr (kQ4) {
+      const size_t units = row_bytes / L;
+      PacedPrefetch next_values(vn, pf_begin, pf_end, units / CU + units % CU);
+      size_t u = 0;
+      for (; u + CU <= units; u += CU) {
+        next_values.Next();
+        AccumulateQ4<NQ, CU>(df, vd, row_bytes, tb, n, st.w4, u, st.acc);
+      }
+      if constexpr (CU > 2) {  // keep two units' chains in flight on narrow heads
+        for (; u + 2 <= units; u += 2) {
+          next_values.Next();
+          AccumulateQ4<NQ, 2>(df, vd, row_bytes, tb, n, st.w4, u, st.acc);
+        }
+      }
+      for (; u < units; ++u) {
+        next_values.Next();
+        AccumulateQ4<NQ, 1>(df, vd, row_bytes, tb, n, st.w4, u, st.acc);
+      }
+      next_values.Next();
+    } else {
+      const Q8ValueRows vr{reinterpret_cast<const int8_t*>(vd), hd};
+      PacedPrefetch next_values(vn, pf_begin, pf_end, hd / (CU * L) + hd % (CU * L) / L);
+      size_t c = 0;
+      for (; c + CU * L <= hd; c += CU * L) {
+        next_values.Next();
+        AccumulateRows<NQ, CU>(df, vr, tb, n, st.w8, c, st.acc);
+      }
+      if constexpr (CU > 2) {
+        for (; c + 2 * L <= hd; c += 2 * L) {
+          next_values.Next();
+          AccumulateRows<NQ, 2>(df, vr, tb, n, st.w8, c, st.acc);
+        }
+      }
+      for (; c < hd; c += L) {
+        next_values.Next();
+        AccumulateRows<NQ, 1>(df, vr, tb, n, st.w8, c, st.acc);
+      }
+      next_values.Next();
+    }
   }
+}
 
-  for (int j = 0; j < NQ; ++j) {
-    const V inv = hn::Set(df, 1.0f / l[j]);
-    for (size_t c = 0; c < hd; c += L) hn::StoreU(hn::Mul(hn::Load(df, acc[j] + c), inv), df, tile.out[j] + c);
+// Attention of a group of tiles, block-major (for_each_block_visit); each tile's arithmetic is
+// the same as when it runs alone.
+template <bool kQ4, int NQ, class DK, class DF>
+HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* kv_heads, int n_tiles,
+                                   const KvBlocks& kv, size_t head_bytes, int head_dim) {
+  using V = hn::Vec<DF>;
+  const size_t L = hn::Lanes(df);
+  const size_t hd = static_cast<size_t>(head_dim);
+  const size_t bt = static_cast<size_t>(kv.block_tokens);
+  QuantTileState<kQ4, NQ> st[kMaxGroupQ / NQ];
+  size_t blocks[kMaxGroupQ / NQ] = {};
+  for (int i = 0; i < n_tiles; ++i) {
+    for (int j = 0; j < NQ; ++j) {
+      QuantizeQuery<kQ4>(tiles[i].q[j], hd, st[i].qq[j]);
+      for (size_t c = 0; c < hd; ++c) st[i].acc[j][c] = 0.0f;
+      st[i].m[j] = -std::numeric_limits<float>::infinity();
+      st[i].l[j] = 0.0f;
+      st[i].max_limit = std::max(st[i].max_limit, tiles[i].limit[j]);
+    }
+    st[i].head_off = static_cast<size_t>(kv_heads[i]) * head_bytes;
+    blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
+  }
+  // Small heads (q4) are fetched further ahead: about kPrefetchBytes of K and V in flight.
+  const int lookahead = static_cast<int>(std::max<size_t>(1, kPrefetchBytes / (2 * head_bytes)));
+  for_each_block_visit(blocks, n_tiles, lookahead, [&](int i, size_t b, int ai, size_t ab) {
+    const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
+    const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
+    AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
+  });
+  for (int i = 0; i < n_tiles; ++i) {
+    for (int j = 0; j < NQ; ++j) {
+      const V inv = hn::Set(df, 1.0f / st[i].l[j]);
+      for (size_t c = 0; c < hd; c += L)
+        hn::StoreU(hn::Mul(hn::Load(df, st[i].acc[j] + c), inv), df, tiles[i].out[j] + c);
+    }
   }
 }
 
 template <bool kQ4, class DK, class DF>
-void RunQuantTile(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t hb, int kvh, int hd) {
-  switch (tile.n) {
-    case 1: return AttendTileQuant<kQ4, 1>(dk, df, tile, kv, hb, kvh, hd);
-    case 2: return AttendTileQuant<kQ4, 2>(dk, df, tile, kv, hb, kvh, hd);
-    case 3: return AttendTileQuant<kQ4, 3>(dk, df, tile, kv, hb, kvh, hd);
-    case 4: return AttendTileQuant<kQ4, 4>(dk, df, tile, kv, hb, kvh, hd);
-    case 5: return AttendTileQuant<kQ4, 5>(dk, df, tile, kv, hb, kvh, hd);
-    case 6: return AttendTileQuant<kQ4, 6>(dk, df, tile, kv, hb, kvh, hd);
-    case 7: return AttendTileQuant<kQ4, 7>(dk, df, tile, kv, hb, kvh, hd);
-    default: return AttendTileQuant<kQ4, 8>(dk, df, tile, kv, hb, kvh, hd);
+void RunQuantGroup(DK dk, DF df, const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int hd) {
+  switch (t[0].n) {
+    case 1: return AttendGroupQuant<kQ4, 1>(dk, df, t, kvh, n, kv, hb, hd);
+    case 2: return AttendGroupQuant<kQ4, 2>(dk, df, t, kvh, n, kv, hb, hd);
+    case 3: return AttendGroupQuant<kQ4, 3>(dk, df, t, kvh, n, kv, hb, hd);
+    case 4: return AttendGroupQuant<kQ4, 4>(dk, df, t, kvh, n, kv, hb, hd);
+    case 5: return AttendGroupQuant<kQ4, 5>(dk, df, t, kvh, n, kv, hb, hd);
+    case 6: return AttendGroupQuant<kQ4, 6>(dk, df, t, kvh, n, kv, hb, hd);
+    case 7: return AttendGroupQuant<kQ4, 7>(dk, df, t, kvh, n, kv, hb, hd);
+    default: return AttendGroupQuant<kQ4, 8>(dk, df, t, kvh, n, kv, hb, hd);
   }
 }
 
 // Picks the widest vectors whose chunks divide the head.
-void RunTileAnyWidth(const Tile& tile, const KvBlocks& kv, size_t hb, int kvh, int head_dim) {
+void RunGroupAnyWidth(const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int head_dim) {
   const size_t hd = static_cast<size_t>(head_dim);
   if (kv.dtype == KvDtype::q4) {
     const hn::CappedTag<float, 16> df;
     const hn::CappedTag<uint8_t, 64> dk;
     const hn::CappedTag<uint8_t, 32> dk32;
-    if ((hd / 2) % hn::Lanes(dk) == 0) return RunQuantTile<true>(dk, df, tile, kv, hb, kvh, head_dim);
-    if ((hd / 2) % hn::Lanes(dk32) == 0) return RunQuantTile<true>(dk32, df, tile, kv, hb, kvh, head_dim);
-    return RunQuantTile<true>(hn::CappedTag<uint8_t, 16>(), df, tile, kv, hb, kvh, head_dim);
+    if ((hd / 2) % hn::Lanes(dk) == 0) return RunQuantGroup<true>(dk, df, t, kvh, n, kv, hb, head_dim);
+    if ((hd / 2) % hn::Lanes(dk32) == 0) return RunQuantGroup<true>(dk32, df, t, kvh, n, kv, hb, head_dim);
+    return RunQuantGroup<true>(hn::CappedTag<uint8_t, 16>(), df, t, kvh, n, kv, hb, head_dim);
   }
   const hn::CappedTag<float, 16> df;
   const hn::Repartition<int16_t, decltype(df)> dk;
-  if (hd % hn::Lanes(dk) == 0) return RunQuantTile<false>(dk, df, tile, kv, hb, kvh, head_dim);
+  if (hd % hn::Lanes(dk) == 0) return RunQuantGroup<false>(dk, df, t, kvh, n, kv, hb, head_dim);
   if (hd % 8 == 0) {
     const hn::CappedTag<float, 4> df4;  // 4 floats, 8 int16: every target has them
-    return RunQuantTile<false>(hn::Repartition<int16_t, decltype(df4)>(), df4, tile, kv, hb, kvh, head_dim);
+    return RunQuantGroup<false>(hn::Repartition<int16_t, decltype(df4)>(), df4, t, kvh, n, kv, hb, head_dim);
   }
-  AttendTileScalar(tile, kv, hb, kvh, head_dim);
+  for (int i = 0; i < n; ++i) AttendTileScalar(t[i], kv, hb, kvh[i], head_dim);
 }
 
 #else  // HWY_TARGET == HWY_SCALAR
 
-void RunTileAnyWidth(const Tile& tile, const KvBlocks& kv, size_t hb, int kvh, int head_dim) {
-  AttendTileScalar(tile, kv, hb, kvh, head_dim);
+void RunGroupAnyWidth(const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int head_dim) {
+  for (int i = 0; i < n; ++i) AttendTileScalar(t[i], kv, hb, kvh[i], head_dim);
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR
@@ -494,9 +529,10 @@ void RunTileAnyWidth(const Tile& tile, const KvBlocks& kv, size_t hb, int kvh, i
 // Attention of all query rows and heads that read kv heads [kvh_begin, kvh_end).
 void AttendQuantHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
                           const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
-  for_each_tile(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out, [&](const Tile& tile, int kvh) {
-    RunTileAnyWidth(tile, kv, head_bytes, kvh, dims.head_dim);
-  });
+  for_each_tile_group(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out,
+                      [&](const Tile* tiles, const int* kvh, int n) {
+                        RunGroupAnyWidth(tiles, kvh, n, kv, head_bytes, dims.head_dim);
+                      });
 }
 
 }  // namespace HWY_NAMESPACE

@@ -7,7 +7,8 @@
 
 namespace fd::kernels {
 
-constexpr int kMaxQ = 8;  // query vectors that share one pass over a kv head
+constexpr int kMaxQ = 8;        // query vectors that share one pass over a kv head
+constexpr int kMaxGroupQ = 16;  // query vectors of the tiles that share one pass over the blocks
 
 // The query heads of a GQA group and, for prefill, several rows. Keys [0, limit[j]) are visible
 // to query j.
@@ -41,6 +42,56 @@ void for_each_tile(const float* q, int n_q, int q_pos0, const AttnDims& dims, in
     }
     if (tile.n > 0) run(tile, kvh);
   }
+}
+
+// Calls run(tiles, kv_heads, n) for the tiles of for_each_tile in order, grouped: consecutive
+// tiles with the same number of query vectors, at most kMaxGroupQ vectors per group.
+template <class Run>
+void for_each_tile_group(const float* q, int n_q, int q_pos0, const AttnDims& dims, int kvh_begin,
+                         int kvh_end, float* out, const Run& run) {
+  Tile tiles[kMaxGroupQ];
+  int heads[kMaxGroupQ];
+  int n = 0;
+  for_each_tile(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out, [&](const Tile& tile, int kvh) {
+    if (n > 0 && (tiles[0].n != tile.n || (n + 1) * tile.n > kMaxGroupQ)) {
+      run(tiles, heads, n);
+      n = 0;
+    }
+    tiles[n] = tile;
+    heads[n++] = kvh;
+  });
+  if (n > 0) run(tiles, heads, n);
+}
+
+// The block-major order in which a group of tiles reads its blocks: for each block, every tile
+// whose keys reach it (tile i reads blocks [0, blocks[i])). A block holds the K (and the V) of all
+// kv heads side by side, so this order reads them as one run of memory. Calls
+// visit(i, b, ahead_i, ahead_b) for each visit, where (ahead_i, ahead_b) is the visit `lookahead`
+// steps later (ahead_i < 0 when there is none): the rows to prefetch.
+template <class Visit>
+void for_each_block_visit(const size_t* blocks, int n, int lookahead, const Visit& visit) {
+  size_t max_blocks = 0;
+  for (int i = 0; i < n; ++i) max_blocks = blocks[i] > max_blocks ? blocks[i] : max_blocks;
+  const auto next = [&](int& i, size_t& b) {
+    for (;;) {
+      if (++i == n) {
+        i = 0;
+        if (++b >= max_blocks) return false;
+      }
+      if (b < blocks[i]) return true;
+    }
+  };
+  int i = -1;
+  size_t b = 0;
+  if (max_blocks == 0 || !next(i, b)) return;
+  int ai = i;
+  size_t ab = b;
+  bool ahead = true;
+  for (int d = 0; d < lookahead && ahead; ++d) ahead = next(ai, ab);
+  do {
+    visit(i, b, ahead ? ai : -1, ab);
+    if (ahead) ahead = next(ai, ab);
+  } while (next(i, b));
 }
 
 }  // namespace fd::kernels
