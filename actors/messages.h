@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "caf/atom.hpp"
+#include "caf/binary_deserializer.hpp"
 #include "caf/meta/type_name.hpp"
 #include "caf/replies_to.hpp"
 #include "caf/serializer_impl.hpp"
@@ -314,9 +315,16 @@ typename Inspector::result_type inspect(Inspector& f, wire_payload& x) {
       x.b.clear();
       reserve_huge(x.b, n);
     }
-    x.b.resize(n);
-    if (n > 0)
-      if (auto err = f.apply_raw(n, x.b.data())) return err;
+    if (auto* bin = dynamic_cast<caf::binary_deserializer*>(&f); bin != nullptr && n <= bin->remaining()) {
+      // Copied straight from the wire buffer: resize() would first zero every byte.
+      const auto* p = reinterpret_cast<const char*>(bin->remainder().data());
+      x.b.assign(p, p + n);
+      bin->skip(n);
+    } else {
+      x.b.resize(n);
+      if (n > 0)
+        if (auto err = f.apply_raw(n, x.b.data())) return err;
+    }
     return f.end_sequence();
   }
 }

@@ -137,6 +137,10 @@ TEST_CASE("tensor payloads keep the plain bytes wire format and round-trip", "[g
     CHECK(back.k == req.k);
     CHECK(back.v == req.v);
 
+    fd::attn_request cut;  // a truncated message is an error, not a read past its end
+    caf::binary_deserializer short_source{nullptr, wire.data() + 3, wire.size() - 4};
+    CHECK(short_source(cut));
+
     fd::attn_reply reply;
     reply.o = pattern(q_bytes, 4);
     reply.compute_us = 42;
