@@ -184,12 +184,14 @@ void scatter_logits(self_ptr self, uint64_t step, const bytes& logits) {
 template <class T>
 void gather(const bytes& src, size_t row_width, const Bucket& b, size_t c0, size_t width,
             bytes& dst) {
-  dst.resize(b.rows * width * sizeof(T));
+  dst.clear();  // appended row by row: resize() would zero every byte first
+  dst.reserve(b.rows * width * sizeof(T));
   const T* in = as<T>(src);
-  T* out = as<T>(dst);
   for (size_t i = 0; i < b.seqs.size(); ++i)
-    for (int32_t r = 0; r < b.seqs[i].n; ++r, out += width)
-      std::copy_n(in + (b.row0[i] + r) * row_width + c0, width, out);
+    for (int32_t r = 0; r < b.seqs[i].n; ++r) {
+      const auto* row = reinterpret_cast<const char*>(in + (b.row0[i] + r) * row_width + c0);
+      dst.insert(dst.end(), row, row + width * sizeof(T));
+    }
 }
 
 void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) {

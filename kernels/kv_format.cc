@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/ops.h"
+#include "kernels/stream.h"
 
 namespace fd::kernels {
 namespace {
@@ -47,7 +48,7 @@ class F16Format final : public KvFormatBase {
     return size_t(bt) * size_t(hd) * sizeof(uint16_t);
   }
   void encode_row(const uint16_t* src, int hd, int, int t, uint8_t* hb) const override {
-    std::memcpy(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
+    copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
   }
   void decode_row(const uint8_t* hb, int hd, int, int t, float* dst) const override {
     uint16_t row[kMaxHeadDim];

@@ -1,9 +1,13 @@
 #include "kernels/stream.h"
 
+#include <cstdint>
+#include <cstring>
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/stream.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
@@ -27,6 +31,18 @@ double SumF32Impl(const float* HWY_RESTRICT x, size_t n) {
   return sum;
 }
 
+void CopyStreamingImpl(void* HWY_RESTRICT dst, const void* HWY_RESTRICT src, size_t bytes) {
+  const hn::ScalableTag<uint8_t> d;
+  const size_t L = hn::Lanes(d);
+  if (reinterpret_cast<uintptr_t>(dst) % L != 0 || bytes % L != 0) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  const auto* in = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < bytes; i += L) hn::Stream(hn::LoadU(d, in + i), d, out + i);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace fd::kernels
 HWY_AFTER_NAMESPACE();
@@ -36,7 +52,15 @@ namespace fd::kernels {
 
 HWY_EXPORT(SumF32Impl);
 
+HWY_EXPORT(CopyStreamingImpl);
+
 double sum_f32(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(SumF32Impl)(x, n); }
+
+void copy_streaming(void* dst, const void* src, size_t bytes) {
+  HWY_DYNAMIC_DISPATCH(CopyStreamingImpl)(dst, src, bytes);
+}
+
+void streaming_fence() { hwy::FlushStream(); }
 
 }  // namespace fd::kernels
 #endif  // HWY_ONCE

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/stream.h"
+
 namespace fd {
 namespace {
 
@@ -133,6 +135,7 @@ void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const
       format_->encode_row(v + src, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_bytes_);
     }
   }
+  kernels::streaming_fence();  // the rows are read next by attention, maybe on another thread
   s.len[static_cast<size_t>(layer)] = pos0 + n;
 }
 

@@ -2,6 +2,7 @@
 
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "kernels/stream.h"
 
 namespace {
 
@@ -237,4 +239,24 @@ TEST_CASE("add_inplace adds elementwise", "[kernels]") {
     fd::kernels::add_inplace(y.data(), x.data(), n);
     CHECK(y == expect);
   }
+}
+
+TEST_CASE("copy_streaming copies like memcpy at any alignment and size", "[kernels]") {
+  std::vector<uint8_t> src(4096 + 128);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 37 + 11);
+  alignas(64) uint8_t dst[4096 + 256];
+  // Aligned whole vectors take the streaming path; odd offsets and sizes fall back to memcpy.
+  for_each_target([&] {
+    for (size_t offset : {size_t(0), size_t(1), size_t(16), size_t(32), size_t(64)}) {
+      for (size_t bytes : {size_t(0), size_t(1), size_t(63), size_t(64), size_t(128), size_t(256), size_t(4096)}) {
+        INFO("offset " << offset << ", " << bytes << " bytes");
+        std::fill(std::begin(dst), std::end(dst), uint8_t{0xAB});
+        fd::kernels::copy_streaming(dst + offset, src.data() + 3, bytes);
+        fd::kernels::streaming_fence();
+        CHECK(std::equal(src.begin() + 3, src.begin() + 3 + static_cast<long>(bytes), dst + offset));
+        CHECK(std::all_of(dst, dst + offset, [](uint8_t x) { return x == 0xAB; }));
+        CHECK(std::all_of(dst + offset + bytes, std::end(dst), [](uint8_t x) { return x == 0xAB; }));
+      }
+    }
+  });
 }
