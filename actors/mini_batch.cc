@@ -194,6 +194,19 @@ void gather(const bytes& src, size_t row_width, const Bucket& b, size_t c0, size
     }
 }
 
+// A bucket that holds every row of the step, in order, and every head: its Q/K/V and O can move
+// whole instead of being gathered and scattered (one shard serving the mini-batch).
+bool whole(const MiniState& st, const Bucket& b, const r_group& g, const ModelConfig& m) {
+  if (b.rows != st.rows || g.head0 != 0 || g.heads != m.n_heads || g.kv_head0 != 0 || g.kv_heads != m.n_kv_heads)
+    return false;
+  size_t next = 0;
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    if (b.row0[i] != next) return false;
+    next += static_cast<size_t>(b.seqs[i].n);
+  }
+  return true;
+}
+
 void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) {
   auto& st = self->state;
   const ModelConfig& m = st.cfg.model;
@@ -204,36 +217,53 @@ void dispatch_layer(self_ptr self, uint64_t step, int32_t layer, s_output& out) 
   for (const Bucket& b : st.buckets)
     if (std::find(st.lost.begin(), st.lost.end(), b.shard) != st.lost.end())
       return shard_failed(self, step, b.shard, caf::make_error(caf::sec::request_receiver_down));
-  st.o.assign(st.rows * qw * sizeof(float), 0);
+  const auto active = [&](const Bucket& b) {
+    const r_group& g = st.cfg.groups[b.group];
+    return layer >= g.layer0 && layer < g.layer0 + g.layers;
+  };
+  const auto first = std::find_if(st.buckets.begin(), st.buckets.end(), active);
+  const bool moved = first != st.buckets.end() && std::count_if(first, st.buckets.end(), active) == 1 &&
+                     whole(st, *first, st.cfg.groups[first->group], m);
+  if (!moved) st.o.assign(st.rows * qw * sizeof(float), 0);
   st.pending = 0;
   if (st.tracing) st.phase_t0 = trace_now_us();
   for (const Bucket& b : st.buckets) {
+    if (!active(b)) continue;
     const r_group& g = st.cfg.groups[b.group];
-    if (layer < g.layer0 || layer >= g.layer0 + g.layers) continue;
     ++st.pending;
     attn_request req;
     req.step = step;
     req.layer = layer - g.layer0;
     req.seqs = b.seqs;
-    gather<float>(out.q, qw, b, g.head0 * hd, g.heads * hd, req.q);
-    gather<uint16_t>(out.k, kw, b, g.kv_head0 * hd, g.kv_heads * hd, req.k);
-    gather<uint16_t>(out.v, kw, b, g.kv_head0 * hd, g.kv_heads * hd, req.v);
+    if (moved) {
+      req.q = std::move(out.q);
+      req.k = std::move(out.k);
+      req.v = std::move(out.v);
+    } else {
+      gather<float>(out.q, qw, b, g.head0 * hd, g.heads * hd, req.q);
+      gather<uint16_t>(out.k, kw, b, g.kv_head0 * hd, g.kv_heads * hd, req.k);
+      gather<uint16_t>(out.v, kw, b, g.kv_head0 * hd, g.kv_heads * hd, req.v);
+    }
     const size_t c0 = g.head0 * hd, width = g.heads * hd;
     const int32_t shard = b.shard;
     const Bucket* bp = &b;
     self->request(b.hdl, st.cfg.timeout, std::move(req))
         .then(
-            [self, step, layer, shard, bp, c0, width, qw](attn_reply& r) {
+            [self, step, layer, shard, bp, c0, width, qw, moved](attn_reply& r) {
               auto& st = self->state;
               if (!current(st, step)) return;
               if (r.o.size() != bp->rows * width * sizeof(float))
                 return shard_failed(self, step, shard,
                                     caf::make_error(caf::sec::invalid_argument, "O shape"));
-              const float* in = as<float>(r.o);
-              float* o = as<float>(st.o);
-              for (size_t i = 0; i < bp->seqs.size(); ++i)
-                for (int32_t row = 0; row < bp->seqs[i].n; ++row, in += width)
-                  std::copy_n(in, width, o + (bp->row0[i] + row) * qw + c0);
+              if (moved) {
+                st.o = std::move(r.o);
+              } else {
+                const float* in = as<float>(r.o);
+                float* o = as<float>(st.o);
+                for (size_t i = 0; i < bp->seqs.size(); ++i)
+                  for (int32_t row = 0; row < bp->seqs[i].n; ++row, in += width)
+                    std::copy_n(in, width, o + (bp->row0[i] + row) * qw + c0);
+              }
               if (st.tracing && st.phase_t0 != 0) {
                 // The shard computed just before its reply came back: a request of the other
                 // mini-batch may have held it before, so the round trip's start says nothing
