@@ -9,12 +9,12 @@
 #include <map>
 #include <mutex>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include "actors/trace_packed.h"
 #include "caf/all.hpp"
 #include "examples/common/json.h"
+#include "examples/common/list_options.h"
 #include "examples/common/stats.h"
 #include "runtime/error.h"
 #include "runtime/load_control.h"
@@ -300,14 +300,6 @@ struct Options {
   uint64_t seed = 1;
 };
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 bool parse_options(int argc, char** argv, Options& o) {
   std::string schedules = "large-batch,sls,load-control";
   po::options_description desc("fastdecode-bench schedule [options]");
@@ -349,8 +341,7 @@ bool parse_options(int argc, char** argv, Options& o) {
     return false;
   }
   po::notify(vm);
-  o.schedules = split(schedules);
-  if (o.schedules.empty()) throw Error("--schedules needs at least one schedule.");
+  o.schedules = split_list(schedules, "schedules");
   o.kinds.resize(o.schedules.size());
   for (size_t i = 0; i < o.schedules.size(); ++i)
     if (!parse_schedule(o.schedules[i], &o.kinds[i]))
