@@ -52,6 +52,14 @@ HWY_INLINE hn::Vec<D> Sum4InBlocks(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D>
 }
 #endif
 
+// out[0, hd) = acc[0, hd) / l: a query's finished output (acc aligned, hd a multiple of Lanes(d)).
+template <class D>
+HWY_INLINE void StoreNormalized(D d, const float* HWY_RESTRICT acc, float l, size_t hd,
+                                float* HWY_RESTRICT out) {
+  const auto inv = hn::Set(d, 1.0f / l);
+  for (size_t c = 0; c < hd; c += hn::Lanes(d)) hn::StoreU(hn::Mul(hn::Load(d, acc + c), inv), d, out + c);
+}
+
 // Fetches bytes [begin, end) after base into the cache in `slices` slices, one per call of
 // Next(), so that the requests do not arrive in one burst; a null base fetches nothing.
 class PacedPrefetch {

@@ -175,8 +175,6 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
 template <class Rows, int NQ, class D, class Blocks>
 HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n_tiles,
                               const Blocks& kv, size_t head_bytes, int head_dim) {
-  using V = hn::Vec<D>;
-  const size_t L = hn::Lanes(d);
   const size_t hd = static_cast<size_t>(head_dim);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   TileState<NQ> st[kMaxGroupQ / NQ];
@@ -190,13 +188,8 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
     const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
     AttendBlock<Rows, NQ>(d, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
   });
-  for (int i = 0; i < n_tiles; ++i) {
-    for (int j = 0; j < NQ; ++j) {
-      const V inv = hn::Set(d, 1.0f / st[i].l[j]);
-      for (size_t c = 0; c < hd; c += L)
-        hn::StoreU(hn::Mul(hn::Load(d, st[i].acc[j] + c), inv), d, tiles[i].out[j] + c);
-    }
-  }
+  for (int i = 0; i < n_tiles; ++i)
+    for (int j = 0; j < NQ; ++j) StoreNormalized(d, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
 }
 
 template <class Rows, class D, class Blocks>
@@ -280,14 +273,20 @@ void check_rows(int n_q, int q_pos0, int len) {
                                 std::to_string(len) + " cached tokens.");
 }
 
-// Kv heads per work unit of a batched call: all of a sequence's heads when there are enough
-// sequences to keep every thread busy, so that a unit reads each block's K (and V) of all heads
-// as one run; fewer when the batch is small.
-int heads_per_unit(size_t items, int kv_heads, int threads) {
+// Calls fn(item, kvh_begin, kvh_end) for the work units of a batched call of n items, over the
+// pool. A unit covers all of a sequence's kv heads when there are enough sequences to keep every
+// thread busy, so that it reads each block's K (and V) of all heads as one run; fewer when the
+// batch is small.
+template <class Fn>
+void run_units(size_t n, int kv_heads, ThreadPool& pool, const Fn& fn) {
+  const auto units_of = [&](int h) { return static_cast<size_t>((kv_heads + h - 1) / h); };
   int hpu = kv_heads;
-  const auto units = [&](int h) { return items * static_cast<size_t>((kv_heads + h - 1) / h); };
-  while (hpu > 1 && units(hpu) < 4 * static_cast<size_t>(threads)) hpu = (hpu + 1) / 2;
-  return hpu;
+  while (hpu > 1 && n * units_of(hpu) < 4 * static_cast<size_t>(pool.threads())) hpu = (hpu + 1) / 2;
+  const size_t units = units_of(hpu);
+  pool.run(n * units, [&](size_t u) {
+    const int kvh = static_cast<int>(u % units) * hpu;
+    fn(u / units, kvh, std::min(kvh + hpu, kv_heads));
+  });
 }
 
 void check_format(const KvFormat& f, int head_dim) {
@@ -328,13 +327,10 @@ void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, 
     check_shape(d, items[i].kv.block_tokens);
     check_rows(items[i].n_q, items[i].q_pos0, items[i].kv.len);
   }
-  const int hpu = heads_per_unit(n, d.n_kv_heads, pool.threads());
-  const size_t units = static_cast<size_t>((d.n_kv_heads + hpu - 1) / hpu);
   const auto fn = HWY_DYNAMIC_DISPATCH(AttendHeadsF16Impl);
-  pool.run(n * units, [&](size_t u) {
-    const AttnItemF16& it = items[u / units];
-    const int kvh = static_cast<int>(u % units) * hpu;
-    if (it.n_q > 0) fn(it.q, it.n_q, it.q_pos0, it.kv, d, kvh, std::min(kvh + hpu, d.n_kv_heads), it.out);
+  run_units(n, d.n_kv_heads, pool, [&](size_t i, int kvh_begin, int kvh_end) {
+    const AttnItemF16& it = items[i];
+    if (it.n_q > 0) fn(it.q, it.n_q, it.q_pos0, it.kv, d, kvh_begin, kvh_end, it.out);
   });
 }
 
@@ -344,13 +340,9 @@ void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadP
     check_rows(items[i].n_q, items[i].q_pos0, items[i].kv.len);
     check_format(kv_format(items[i].kv.dtype), d.head_dim);
   }
-  const int hpu = heads_per_unit(n, d.n_kv_heads, pool.threads());
-  const size_t units = static_cast<size_t>((d.n_kv_heads + hpu - 1) / hpu);
-  pool.run(n * units, [&](size_t u) {
-    const AttnItem& it = items[u / units];
-    const int kvh = static_cast<int>(u % units) * hpu;
-    if (it.n_q > 0)
-      kv_format(it.kv.dtype).attend(it.q, it.n_q, it.q_pos0, it.kv, d, kvh, std::min(kvh + hpu, d.n_kv_heads), it.out);
+  run_units(n, d.n_kv_heads, pool, [&](size_t i, int kvh_begin, int kvh_end) {
+    const AttnItem& it = items[i];
+    if (it.n_q > 0) kv_format(it.kv.dtype).attend(it.q, it.n_q, it.q_pos0, it.kv, d, kvh_begin, kvh_end, it.out);
   });
 }
 

@@ -27,8 +27,9 @@ namespace {
 
 constexpr int kTileT = 16;    // keys scored per softmax step (a multiple of 4)
 constexpr int kMaxHeadDim = 256;
-// K and V bytes of one kv head fetched ahead of the kernel: about one core's share of the read
-// bandwidth times the memory latency (measured best at 2-3 blocks of q4/q8 with head_dim 128).
+// K and V bytes fetched ahead of the kernel, in visits of one kv head's block: about one core's
+// share of the read bandwidth times the memory latency (measured best at 2-3 blocks of q4/q8 with
+// head_dim 128 when each head was walked alone; not re-tuned for the block-major order).
 constexpr size_t kPrefetchBytes = 6144;
 constexpr float kQ8Levels = 32767.0f;  // q8 queries are int16: |sum| <= 256 * 127 * 32767 < 2^31
 constexpr float kQ4Levels = 127.0f;    // q4 queries are int8 (u8 x i8 pair sums fit int16)
@@ -450,8 +451,6 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* kv_heads, int n_tiles,
                                    const KvBlocks& kv, size_t head_bytes, int head_dim) {
-  using V = hn::Vec<DF>;
-  const size_t L = hn::Lanes(df);
   const size_t hd = static_cast<size_t>(head_dim);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   QuantTileState<kQ4, NQ> st[kMaxGroupQ / NQ];
@@ -474,13 +473,8 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
     const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
     AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
   });
-  for (int i = 0; i < n_tiles; ++i) {
-    for (int j = 0; j < NQ; ++j) {
-      const V inv = hn::Set(df, 1.0f / st[i].l[j]);
-      for (size_t c = 0; c < hd; c += L)
-        hn::StoreU(hn::Mul(hn::Load(df, st[i].acc[j] + c), inv), df, tiles[i].out[j] + c);
-    }
-  }
+  for (int i = 0; i < n_tiles; ++i)
+    for (int j = 0; j < NQ; ++j) StoreNormalized(df, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
 }
 
 template <bool kQ4, class DK, class DF>
