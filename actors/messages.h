@@ -20,11 +20,11 @@ namespace fd {
 
 using bytes = std::vector<char>;
 
+// Built from the range: one pass over the data (sizing first would zero every byte first).
 template <class T>
 bytes to_bytes(const T* data, size_t n) {
-  bytes b(n * sizeof(T));
-  if (n) std::memcpy(b.data(), data, b.size());
-  return b;
+  const char* p = reinterpret_cast<const char*>(data);
+  return bytes(p, p + n * sizeof(T));
 }
 template <class T>
 const T* as(const bytes& b) { return reinterpret_cast<const T*>(b.data()); }

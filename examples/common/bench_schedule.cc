@@ -16,6 +16,7 @@
 #include "examples/common/json.h"
 #include "examples/common/list_options.h"
 #include "examples/common/stats.h"
+#include "examples/common/trace_record.h"
 #include "runtime/error.h"
 #include "runtime/load_control.h"
 #include "runtime/sim_backend.h"
@@ -185,6 +186,7 @@ ScheduleRunResult run_schedule(std::shared_ptr<const Model> model, const LocalOp
   } else {
     collect_steps(got->events, run, nullptr);
   }
+  run.events = std::move(got->events);
   return run;
 }
 
@@ -297,6 +299,7 @@ struct Options {
   bool balance = false;         // sim_scale is "balance"
   double sim_factor = 1;        // sim_scale as a number, when not balance
   int repeat = 1;               // rounds over the schedules
+  bool trace = false;           // write each schedule's first-round spans as a Chrome trace
   uint64_t seed = 1;
 };
 
@@ -308,6 +311,8 @@ bool parse_options(int argc, char** argv, Options& o) {
       ("out-dir", po::value(&o.out_dir)->default_value(o.out_dir),
        "where schedule_steps.csv, schedule_latency.svg and schedule_load.svg go")
       ("schedules", po::value(&schedules)->default_value(schedules), "comma-separated schedules")
+      ("trace", po::bool_switch(&o.trace),
+       "also write trace_<schedule>.json to --out-dir: the first round's actor spans (Perfetto)")
       ("backend", po::value(&o.backend)->default_value(o.backend), "S-part: sim or cpu")
       ("sim-profile", po::value(&o.sim_profile)->default_value(o.sim_profile), "T(B) profile")
       ("batch", po::value(&o.batch)->default_value(o.batch), "B, sequences per mini-batch")
@@ -515,6 +520,11 @@ int bench_schedule_main(int argc, char** argv) {
       ScheduleRunResult run = run_schedule(model, opt, reqs, o.threads);
       for (const gen_result& r : run.results)
         if (!r.error.empty()) throw Error("a request failed under " + name + ": " + r.error);
+      if (o.trace && round == 0) {
+        ChromeTraceWriter trace(o.out_dir + "/trace_" + run.schedule + ".json");
+        for (const trace_event& e : run.events) trace.add(e);
+        trace.close();
+      }
       const ScheduleSummary s = summarize(run);
       tps[name].push_back(s.tokens_per_s);
       steady[name].push_back(s.steady_tokens_per_s);

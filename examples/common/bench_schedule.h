@@ -41,6 +41,7 @@ struct ScheduleRunResult {
   double r_busy_ms = 0;                // R spans within it, mean over the shards
   int shards = 0;                      // shards that computed
   int layers = 0;                      // model layers
+  std::vector<trace_event> events;     // the trace the steps were read from
 };
 
 // Starts a local node with `opt` (log off, tracing on), sends every request at once and collects
