@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <memory>
 #include <random>
+#include <set>
 
 #include "examples/common/bench_schedule.h"
 #include "runtime/load_control.h"
@@ -69,6 +70,21 @@ TEST_CASE("sls and large-batch generate the same tokens; sls peaks lower", "[sch
     int64_t seq_steps = 0;
     for (const auto& s : run.steps) seq_steps += s.seqs;
     CHECK(seq_steps == int64_t(n) * steps);
+  }
+  // The events kept for `bench schedule --trace`: a step span per step, R spans on both shards,
+  // S spans on the stream.
+  for (const auto& run : runs) {
+    std::set<std::string> r_tracks;
+    size_t step_spans = 0, s_spans = 0;
+    for (const auto& e : run.events) {
+      if (e.ph != 'X') continue;
+      step_spans += e.name == "step";
+      s_spans += e.name == "S";
+      if (e.name == "R") r_tracks.insert(e.track);
+    }
+    CHECK(step_spans == run.steps.size());
+    CHECK(s_spans >= run.steps.size());
+    CHECK(r_tracks.size() == 2);
   }
   // large-batch: the burst of 2·B requests runs as two full batches, one after the other.
   CHECK(runs[0].steps.size() == size_t(2 * steps));
