@@ -65,16 +65,17 @@ HWY_INLINE void StoreNormalized(D d, const float* HWY_RESTRICT acc, float l, siz
 class PacedPrefetch {
  public:
   PacedPrefetch(const uint8_t* base, size_t begin, size_t end, size_t slices)
-      : base_(base), at_(begin / 64 * 64), begin_(begin), end_(end), slices_(slices) {}
+      : base_(base), at_(begin / 64 * 64), to_(begin), end_(end),
+        step_(base == nullptr || end <= begin ? 0 : (end - begin + slices - 1) / std::max<size_t>(slices, 1)) {}
   HWY_INLINE void Next() {
     if (base_ == nullptr) return;
-    const size_t to = std::min(end_, begin_ + (end_ - begin_) * ++done_ / slices_);
-    for (; at_ < to; at_ += 64) hwy::Prefetch(base_ + at_);
+    to_ = std::min(end_, to_ + step_);
+    for (; at_ < to_; at_ += 64) hwy::Prefetch(base_ + at_);
   }
 
  private:
   const uint8_t* base_;
-  size_t at_, begin_, end_, slices_, done_ = 0;
+  size_t at_, to_, end_, step_;  // step_: bytes per slice, rounded up (no division per call)
 };
 
 // acc[j][c, c + CB * L) += sum over the n rows of w[j][t] * v_t[c, c + CB * L), where

@@ -339,6 +339,7 @@ struct QuantTileState {
   HWY_ALIGN float w8[kQ4 ? 1 : NQ][kTileT];
   float m[NQ], l[NQ];
   int max_limit = 0;    // keys [0, max_limit) are visible to some query of the tile
+  int min_limit = 0;    // ... and [0, min_limit) to all of them
   size_t head_off = 0;  // bytes from a block's start to the tile's kv head
 };
 
@@ -383,6 +384,11 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       } else {
         ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
                         reinterpret_cast<const float*>(kb), st.qq, sums);
+      }
+      if (t + 4 <= n && t0 + t + 4 <= st.min_limit) {  // four keys every query sees
+#pragma GCC unroll 8
+        for (int j = 0; j < NQ; ++j) std::copy_n(sums[j], 4, st.s[j] + t);
+        continue;
       }
       for (int i = 0; i < 4 && t + i < n; ++i)
 #pragma GCC unroll 8
@@ -462,6 +468,7 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
       st[i].m[j] = -std::numeric_limits<float>::infinity();
       st[i].l[j] = 0.0f;
       st[i].max_limit = std::max(st[i].max_limit, tiles[i].limit[j]);
+      st[i].min_limit = j == 0 ? tiles[i].limit[j] : std::min(st[i].min_limit, tiles[i].limit[j]);
     }
     st[i].head_off = static_cast<size_t>(kv_heads[i]) * head_bytes;
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
