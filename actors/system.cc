@@ -3,6 +3,7 @@
 #include "actors/gpu_stream.h"
 #include "actors/parallel_stream.h"
 #include "runtime/backend_loader.h"
+#include "runtime/kv_store.h"
 #include "runtime/parallel.h"
 #include "runtime/sim_backend.h"
 #include <thread>
@@ -144,6 +145,8 @@ void configure_network(caf::actor_system_config& cfg, caf::timespan connection_t
 LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
                            const LocalOptions& opt) {
   LocalNode node;
+  // Before any actor starts; each S-worker of a model-parallel node has its own R-group.
+  check_kv_memory(opt.kv_memory, opt.shards * std::max(1, opt.tensor_parallel) * std::max(1, opt.pipeline_parallel));
   node.gpu = start_gpu_node(sys, model, opt);
   node.scheduler = node.gpu.scheduler;
   const int hd = model->cfg.head_dim;

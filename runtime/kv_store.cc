@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "kernels/stream.h"
@@ -30,6 +31,28 @@ std::string format_bytes(size_t bytes) {
 }
 
 }  // namespace
+
+size_t available_memory() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  size_t kib = 0;
+  while (f >> key >> kib) {
+    std::getline(f, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+void check_kv_memory(size_t per_shard, int shards, size_t available) {
+  if (available == 0) available = available_memory();
+  if (available == 0 || shards < 1) return;
+  const size_t total = per_shard * static_cast<size_t>(shards);
+  if (per_shard > available || total > available)
+    throw Error("KV-cache capacity of " + std::to_string(shards) + " shard(s) x " + format_bytes(per_shard) +
+                " = " + format_bytes(total) + " exceeds the " + format_bytes(available) +
+                " of memory this machine has available; give each shard less (--kv-memory) or run "
+                "fewer shards.");
+}
 
 void KvStore::Unmap::operator()(uint8_t* p) const { munmap(p, bytes); }
 

@@ -22,6 +22,16 @@ struct KvStoreConfig {
   kernels::KvDtype dtype = kernels::KvDtype::f16;  // q8/q4 quantize rows on append
 };
 
+// Memory this machine can give without swapping (/proc/meminfo MemAvailable), in bytes; 0 when
+// unknown.
+size_t available_memory();
+
+// Throws fd::Error when `shards` KV-caches of `per_shard` bytes each exceed `available` bytes
+// (available_memory() when 0; no check when that is unknown). A store reserves its capacity as
+// address space and the OS commits pages as they are written, so an overcommitted capacity would
+// end with the kernel's OOM killer in mid-run instead of a "KV-cache full" answer.
+void check_kv_memory(size_t per_shard, int shards, size_t available = 0);
+
 class KvStore {
  public:
   explicit KvStore(const KvStoreConfig& cfg);

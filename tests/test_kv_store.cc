@@ -133,6 +133,24 @@ TEST_CASE("KvStore capacity error names the shortage and changes nothing", "[kv]
   CHECK(s.free_pages() == 0);
 }
 
+TEST_CASE("a node's KV-cache capacity must fit the memory the machine has available", "[kv]") {
+  const size_t gib = size_t(1) << 30;
+  CHECK_NOTHROW(fd::check_kv_memory(gib, 2, 2 * gib));
+  try {
+    fd::check_kv_memory(100 * gib, 2, 22 * gib + gib / 2);
+    FAIL("a capacity beyond the available memory was accepted");
+  } catch (const fd::Error& e) {
+    CHECK(std::string(e.what()) ==
+          "KV-cache capacity of 2 shard(s) x 100 GiB = 200 GiB exceeds the 22.5 GiB of memory this machine "
+          "has available; give each shard less (--kv-memory) or run fewer shards.");
+  }
+  CHECK_THROWS_AS(fd::check_kv_memory(gib + 1, 1, gib), fd::Error);
+  // This machine's own figure: Linux reports it, and no store can be larger.
+  const size_t here = fd::available_memory();
+  CHECK(here > 0);
+  CHECK_THROWS_AS(fd::check_kv_memory(here + 1, 1), fd::Error);
+}
+
 TEST_CASE("KvStore drop frees pages for reuse without fragmentation", "[kv]") {
   fd::KvStore s(small_config(10));
   for (uint64_t seq = 1; seq <= 5; ++seq) {

@@ -14,6 +14,7 @@
 #include "examples/common/run_prompts.h"
 #include "examples/common/stop_signals.h"
 #include "kernels/ops.h"
+#include "runtime/kv_store.h"
 
 namespace fd {
 namespace {
@@ -135,6 +136,7 @@ void report_and_stop(caf::scoped_actor& self, caf::actor_system& sys, const std:
 
 int run_cpu_role(const NodeArgs& args) {
   const HostPort hp = parse_host_port(args.join, "--join");
+  check_kv_memory(args.local.kv_memory, args.local.shards);
   StopSignals signals;
   caf::actor_system_config cfg;
   configure_caf(cfg, args.threads);
