@@ -65,17 +65,16 @@ HWY_INLINE void StoreNormalized(D d, const float* HWY_RESTRICT acc, float l, siz
 class PacedPrefetch {
  public:
   PacedPrefetch(const uint8_t* base, size_t begin, size_t end, size_t slices)
-      : base_(base), at_(begin / 64 * 64), to_(begin), end_(end),
-        step_(base == nullptr || end <= begin ? 0 : (end - begin + slices - 1) / std::max<size_t>(slices, 1)) {}
+      : base_(base), at_(begin / 64 * 64), begin_(begin), end_(end), slices_(slices) {}
   HWY_INLINE void Next() {
     if (base_ == nullptr) return;
-    to_ = std::min(end_, to_ + step_);
-    for (; at_ < to_; at_ += 64) hwy::Prefetch(base_ + at_);
+    const size_t to = std::min(end_, begin_ + (end_ - begin_) * ++done_ / slices_);
+    for (; at_ < to; at_ += 64) hwy::Prefetch(base_ + at_);
   }
 
  private:
   const uint8_t* base_;
-  size_t at_, to_, end_, step_;  // step_: bytes per slice, rounded up (no division per call)
+  size_t at_, begin_, end_, slices_, done_ = 0;
 };
 
 // acc[j][c, c + CB * L) += sum over the n rows of w[j][t] * v_t[c, c + CB * L), where
@@ -90,22 +89,22 @@ HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const 
   V a[CB][NQ];
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int b = 0; b < CB; ++b) a[b][j] = hn::Load(d, acc[j] + c + b * L);
   for (int t = 0; t < n; ++t) {
     V v[CB];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int b = 0; b < CB; ++b) v[b] = rows.Load(d, row0 + static_cast<size_t>(t), c + b * L);
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
       const V wt = hn::Set(d, w[j][t]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int b = 0; b < CB; ++b) a[b][j] = hn::MulAdd(wt, v[b], a[b][j]);
     }
   }
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int b = 0; b < CB; ++b) hn::Store(a[b][j], d, acc[j] + c + b * L);
 }
 

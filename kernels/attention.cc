@@ -121,7 +121,8 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
 // key once for all NQ queries, fold the tile into the running max / denominator, then read each
 // value row once. kn, vn: the K and V rows (of this head's size) read next, fetched meanwhile
-// because the hardware prefetcher stops at page boundaries and at jumps between kv heads.
+// (null: none), because the hardware prefetcher stops at page boundaries and at jumps between kv
+// heads.
 template <class Rows, int NQ, class D, class Blocks>
 HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head_bytes, size_t b,
                             size_t hd, TileState<NQ>& st, const uint8_t* kn, const uint8_t* vn) {
@@ -130,7 +131,10 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   constexpr int TP = NQ == 1 ? 4 : NQ == 2 ? 2 : 1;  // key rows scored per pass
-  constexpr int CB = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;  // value chunks accumulated per pass
+  // Value chunks accumulated per pass. At NQ <= 2 a pass covers a whole row of hd 128 with 16
+  // lanes, so the value rows stream in memory order: two passes in column halves over the same
+  // rows read 15-20 % slower from memory (measured on AMD EPYC).
+  constexpr int CB = NQ <= 2 ? 8 : NQ <= 4 ? 2 : 1;
 
   const size_t row_bytes = (head_bytes + bt - 1) / bt;
   const Rows kr(Bytes(kv.k[b]) + st.head_off, hd, bt), vr(Bytes(kv.v[b]) + st.head_off, hd, bt);
@@ -162,6 +166,12 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
       next_values.Next();
       AccumulateRows<NQ, CB>(d, vr, tb, n, st.s, c, st.acc);
     }
+    if constexpr (CB > 4) {
+      for (; c + 4 * L <= hd; c += 4 * L) {
+        next_values.Next();
+        AccumulateRows<NQ, 4>(d, vr, tb, n, st.s, c, st.acc);
+      }
+    }
     for (; c < hd; c += L) {
       next_values.Next();
       AccumulateRows<NQ, 1>(d, vr, tb, n, st.s, c, st.acc);
@@ -184,8 +194,11 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
   for_each_block_visit(blocks, n_tiles, 1, [&](int i, size_t b, int ai, size_t ab) {
-    const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
-    const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
+    // One query per kv head reads near the memory's speed, and there the hardware prefetcher does
+    // better alone: with software prefetch, hd 64 read 12-13 GB/s on one core instead of 15-16.
+    const bool fetch = NQ > 1 && ai >= 0;
+    const uint8_t* kn = fetch ? Bytes(kv.k[ab]) + st[ai].head_off : nullptr;
+    const uint8_t* vn = fetch ? Bytes(kv.v[ab]) + st[ai].head_off : nullptr;
     AttendBlock<Rows, NQ>(d, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
   });
   for (int i = 0; i < n_tiles; ++i)
