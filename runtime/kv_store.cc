@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -46,12 +47,13 @@ size_t available_memory() {
 void check_kv_memory(size_t per_shard, int shards, size_t available) {
   if (available == 0) available = available_memory();
   if (available == 0 || shards < 1) return;
-  const size_t total = per_shard * static_cast<size_t>(shards);
-  if (per_shard > available || total > available)
-    throw Error("KV-cache capacity of " + std::to_string(shards) + " shard(s) x " + format_bytes(per_shard) +
-                " = " + format_bytes(total) + " exceeds the " + format_bytes(available) +
-                " of memory this machine has available; give each shard less (--kv-memory) or run "
-                "fewer shards.");
+  const size_t n = static_cast<size_t>(shards);
+  if (per_shard <= available / n) return;
+  const size_t total = per_shard > SIZE_MAX / n ? SIZE_MAX : per_shard * n;  // saturates
+  throw Error("KV-cache capacity of " + std::to_string(shards) + " shard(s) x " + format_bytes(per_shard) +
+              " = " + format_bytes(total) + " exceeds the " + format_bytes(available) +
+              " of memory this machine has available; give each shard less (--kv-memory) or run "
+              "fewer shards.");
 }
 
 void KvStore::Unmap::operator()(uint8_t* p) const { munmap(p, bytes); }

@@ -145,6 +145,7 @@ TEST_CASE("a node's KV-cache capacity must fit the memory the machine has availa
           "has available; give each shard less (--kv-memory) or run fewer shards.");
   }
   CHECK_THROWS_AS(fd::check_kv_memory(gib + 1, 1, gib), fd::Error);
+  CHECK_THROWS_AS(fd::check_kv_memory(SIZE_MAX / 2 + 1, 4, gib), fd::Error);  // the product would wrap
   // This machine's own figure: Linux reports it, and no store can be larger.
   const size_t here = fd::available_memory();
   CHECK(here > 0);
