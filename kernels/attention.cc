@@ -77,6 +77,16 @@ HWY_INLINE void ScoreRows(D d, const Rows& kr, size_t row0, const float (*qs)[kM
   V a[TP * NQ];
 #pragma GCC unroll 16
   for (int i = 0; i < TP * NQ; ++i) a[i] = hn::Zero(d);
+  if (NQ == 1 && hd >= 128) {
+    // Rows in memory order, as the hardware prefetcher wants them: at one query per kv head and
+    // hd 128, attention read about 25 % faster from memory on one core (as fast from cache). At
+    // hd 64 or with more queries the chunk-major order below is faster from cache, no slower from
+    // memory.
+#pragma GCC unroll 4
+    for (int p = 0; p < TP; ++p)
+      for (size_t c = 0; c < hd; c += L) a[p] = hn::MulAdd(hn::Load(d, qs[0] + c), kr.Load(d, row0 + p, c), a[p]);
+    return LaneSums<TP * NQ>(d, a, sums);
+  }
   for (size_t c = 0; c < hd; c += L) {
     V k[TP];
 #pragma GCC unroll 4
