@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
@@ -76,6 +77,26 @@ class PacedPrefetch {
   const uint8_t* base_;
   size_t at_, begin_, end_, slices_, done_ = 0;
 };
+
+// Walks [0, n) in passes: of Wide steps of `step` while they fit, then (when Wide > Mid) of Mid,
+// then single steps, calling pass(at, std::integral_constant<int, width>) for each. The value
+// kernels accumulate a row this way; a first walk with a counting pass paces their prefetch.
+template <int Wide, int Mid, class Pass>
+HWY_INLINE void ForEachPass(size_t n, size_t step, const Pass& pass) {
+  size_t at = 0;
+  for (; at + Wide * step <= n; at += Wide * step) pass(at, std::integral_constant<int, Wide>());
+  if constexpr (Wide > Mid) {
+    for (; at + Mid * step <= n; at += Mid * step) pass(at, std::integral_constant<int, Mid>());
+  }
+  for (; at < n; at += step) pass(at, std::integral_constant<int, 1>());
+}
+
+template <int Wide, int Mid>
+HWY_INLINE size_t CountPasses(size_t n, size_t step) {
+  size_t passes = 0;
+  ForEachPass<Wide, Mid>(n, step, [&](size_t, auto) { ++passes; });
+  return passes;
+}
 
 // acc[j][c, c + CB * L) += sum over the n rows of w[j][t] * v_t[c, c + CB * L), where
 // rows.Load(d, t, c) gives elements [c, c + Lanes(d)) of value row t as fp32: CB chunks per pass

@@ -170,22 +170,11 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
       t += rows;
     }
     for (int j = 0; j < NQ; ++j) SoftmaxFoldTile(dt, d, st.s[j], n, kTileT, st.m[j], st.l[j], st.acc[j], hd);
-    PacedPrefetch next_values(vn, rows_begin, rows_end, hd / (CB * L) + hd % (CB * L) / L);
-    size_t c = 0;
-    for (; c + CB * L <= hd; c += CB * L) {
+    PacedPrefetch next_values(vn, rows_begin, rows_end, CountPasses<CB, 4>(hd, L));
+    ForEachPass<CB, 4>(hd, L, [&](size_t c, auto width) {
       next_values.Next();
-      AccumulateRows<NQ, CB>(d, vr, tb, n, st.s, c, st.acc);
-    }
-    if constexpr (CB > 4) {
-      for (; c + 4 * L <= hd; c += 4 * L) {
-        next_values.Next();
-        AccumulateRows<NQ, 4>(d, vr, tb, n, st.s, c, st.acc);
-      }
-    }
-    for (; c < hd; c += L) {
-      next_values.Next();
-      AccumulateRows<NQ, 1>(d, vr, tb, n, st.s, c, st.acc);
-    }
+      AccumulateRows<NQ, decltype(width)::value>(d, vr, tb, n, st.s, c, st.acc);
+    });
     t0 += n;
   }
 }

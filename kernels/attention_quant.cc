@@ -411,43 +411,20 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       }
     }
     if constexpr (kQ4) {
+      // Two units' chains at least stay in flight on narrow heads.
       const size_t units = row_bytes / L;
-      PacedPrefetch next_values(vn, pf_begin, pf_end, units / CU + units % CU);
-      size_t u = 0;
-      for (; u + CU <= units; u += CU) {
+      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CU, 2>(units, 1));
+      ForEachPass<CU, 2>(units, 1, [&](size_t u, auto width) {
         next_values.Next();
-        AccumulateQ4<NQ, CU>(df, vd, row_bytes, tb, n, st.w4, u, st.acc);
-      }
-      if constexpr (CU > 2) {  // keep two units' chains in flight on narrow heads
-        for (; u + 2 <= units; u += 2) {
-          next_values.Next();
-          AccumulateQ4<NQ, 2>(df, vd, row_bytes, tb, n, st.w4, u, st.acc);
-        }
-      }
-      for (; u < units; ++u) {
-        next_values.Next();
-        AccumulateQ4<NQ, 1>(df, vd, row_bytes, tb, n, st.w4, u, st.acc);
-      }
-      next_values.Next();
+        AccumulateQ4<NQ, decltype(width)::value>(df, vd, row_bytes, tb, n, st.w4, u, st.acc);
+      });
     } else {
       const Q8ValueRows vr{reinterpret_cast<const int8_t*>(vd), hd};
-      PacedPrefetch next_values(vn, pf_begin, pf_end, hd / (CU * L) + hd % (CU * L) / L);
-      size_t c = 0;
-      for (; c + CU * L <= hd; c += CU * L) {
+      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CU, 2>(hd, L));
+      ForEachPass<CU, 2>(hd, L, [&](size_t c, auto width) {
         next_values.Next();
-        AccumulateRows<NQ, CU>(df, vr, tb, n, st.w8, c, st.acc);
-      }
-      if constexpr (CU > 2) {
-        for (; c + 2 * L <= hd; c += 2 * L) {
-          next_values.Next();
-          AccumulateRows<NQ, 2>(df, vr, tb, n, st.w8, c, st.acc);
-        }
-      }
-      for (; c < hd; c += L) {
-        next_values.Next();
-        AccumulateRows<NQ, 1>(df, vr, tb, n, st.w8, c, st.acc);
-      }
-      next_values.Next();
+        AccumulateRows<NQ, decltype(width)::value>(df, vr, tb, n, st.w8, c, st.acc);
+      });
     }
   }
 }
