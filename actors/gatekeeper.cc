@@ -1,6 +1,7 @@
 #include "actors/gatekeeper.h"
 
 #include <iostream>
+#include <map>
 
 #include "caf/all.hpp"
 #include "runtime/error.h"
@@ -11,6 +12,7 @@ namespace {
 struct GateState {
   GatekeeperConfig cfg;
   scheduler_actor scheduler;
+  std::map<caf::actor_addr, shard_actor> lane_shards;  // remote shard -> the lane shard for it
   static inline const char* name = "gatekeeper";
 };
 
@@ -35,6 +37,14 @@ gatekeeper_actor::behavior_type gate_behavior(self_ptr self, GatekeeperConfig cf
                                               scheduler_actor scheduler) {
   self->state.cfg = std::move(cfg);
   self->state.scheduler = std::move(scheduler);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& m = self->state.lane_shards;
+    for (auto it = m.begin(); it != m.end(); ++it)
+      if (it->second.address() == dm.source) {
+        m.erase(it);
+        return;
+      }
+  });
   return {
       [self](const join_request& req) -> caf::result<join_reply> {
         const auto& st = self->state;
@@ -46,7 +56,7 @@ gatekeeper_actor::behavior_type gate_behavior(self_ptr self, GatekeeperConfig cf
                             std::to_string(st.cfg.groups.size()) + ")");
         const r_group& g = st.cfg.groups[req.group];
         return join_reply{st.cfg.run_id, g.layers, g.heads, g.kv_heads, st.cfg.model.head_dim,
-                          st.cfg.block_tokens, req.group};
+                          st.cfg.block_tokens, req.group, st.cfg.lane_port};
       },
       [self](add_shards& req) -> caf::result<shard_ids> {
         const auto& st = self->state;
@@ -60,12 +70,29 @@ gatekeeper_actor::behavior_type gate_behavior(self_ptr self, GatekeeperConfig cf
           if (s.group < 0 || static_cast<size_t>(s.group) >= st.cfg.groups.size())
             return refuse(self, "shards", "unknown R-group");
         }
+        if (st.cfg.lanes) {
+          // Attention goes over the node's data lane: each shard gets a lane shard in front.
+          lane_actor lane = req.lane_key != 0 ? st.cfg.lanes->take(req.lane_key) : lane_actor{};
+          if (!lane) return refuse(self, "shards", "their node has no data lane open");
+          std::vector<shard_actor> fronts;
+          for (size_t i = 0; i < req.shards.size(); ++i) {
+            auto& s = req.shards[i];
+            auto front = spawn_lane_shard(self->system(), s.hdl, lane, static_cast<int32_t>(i));
+            self->state.lane_shards[s.hdl.address()] = front;
+            self->monitor(front);
+            s.hdl = front;
+            fronts.push_back(front);
+          }
+          self->send(lane, watch_atom::value, std::move(fronts));
+        }
         return self->delegate(st.scheduler, std::move(req));
       },
       [self](leave_request& req) -> caf::result<bool> {
         const auto& st = self->state;
         if (!same_secret(req.token, st.cfg.token))
           return refuse(self, "leave", "wrong cluster secret");
+        for (auto& s : req.shards)  // the scheduler knows them by their lane shards
+          if (auto it = st.lane_shards.find(s.address()); it != st.lane_shards.end()) s = it->second;
         return self->delegate(st.scheduler, std::move(req));
       },
       [self](const client_hello& req) -> caf::result<scheduler_actor> {

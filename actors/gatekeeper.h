@@ -3,6 +3,9 @@
 #pragma once
 #include <string>
 
+#include <memory>
+
+#include "actors/data_lane.h"
 #include "actors/type_ids.h"
 #include "runtime/model.h"
 
@@ -15,6 +18,9 @@ struct GatekeeperConfig {
   std::vector<r_group> groups;  // what a shard of each R-group holds
   int block_tokens = 16;
   Vocab vocab{};         // sent to clients, which tokenize without the model file
+  // The data lanes of cpu nodes (actors/data_lane.h); null: shards register without one.
+  std::shared_ptr<LaneRegistry> lanes;
+  int32_t lane_port = 0;
 };
 
 gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const GatekeeperConfig& cfg,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "caf/atom.hpp"
+#include "caf/error.hpp"
 #include "caf/binary_deserializer.hpp"
 #include "caf/meta/type_name.hpp"
 #include "caf/replies_to.hpp"
@@ -41,9 +42,12 @@ using add_atom = caf::atom_constant<caf::atom("add")>;
 using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using vocab_atom = caf::atom_constant<caf::atom("vocab")>;
+using lane_atom = caf::atom_constant<caf::atom("lane")>;
+using expire_atom = caf::atom_constant<caf::atom("expire")>;
+using watch_atom = caf::atom_constant<caf::atom("watch")>;
 
 // Bumped whenever a message changes: nodes of different versions refuse each other.
-constexpr int32_t kProtocolVersion = 3;
+constexpr int32_t kProtocolVersion = 4;
 
 // Rows [row0, row0 + n) of a payload belong to sequence seq at positions [pos0, pos0 + n).
 struct seq_rows {
@@ -226,6 +230,7 @@ struct join_reply {
   int32_t head_dim = 0;
   int32_t block_tokens = 0;
   int32_t group = 0;
+  int32_t lane_port = 0;  // the gpu node's data lane, on the host joined (actors/data_lane.h)
 };
 
 // The layers and heads one R-group of shards holds: all of them without model parallelism, a
@@ -255,6 +260,34 @@ struct vocab_msg {
   int32_t unk = 0;
   bool add_bos = true;
   bool add_space_prefix = true;
+};
+
+// CPU node -> gpu node, first frame on its data lane (actors/data_lane.h).
+struct lane_hello {
+  std::string token;  // cluster secret
+  int32_t version = kProtocolVersion;
+  uint64_t run_id = 0;  // from join_reply
+  uint64_t key = 0;     // random; the node's add_shards names its lane by it
+  std::string node;     // for logs
+};
+
+// Data lane reader thread -> its lane actor (gpu side): the answer to one request.
+struct lane_answer {
+  uint64_t ticket = 0;
+  attn_reply reply;
+  caf::error error;  // the shard's error instead of a reply
+};
+
+// Data lane reader thread -> its lane server (cpu side): a request for the node's shard `shard`.
+struct lane_request {
+  uint64_t ticket = 0;
+  int32_t shard = 0;
+  attn_request req;
+};
+
+// Data lane reader thread -> its actor: the connection ended.
+struct lane_closed {
+  std::string why;
 };
 
 // Micro-batch -> scheduler: new homes for sequences whose shard was lost or is leaving.
@@ -414,7 +447,23 @@ typename Inspector::result_type inspect(Inspector& f, join_request& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_reply& x) {
   return f(caf::meta::type_name("join_reply"), x.run_id, x.n_layers, x.n_heads, x.n_kv_heads,
-           x.head_dim, x.block_tokens, x.group);
+           x.head_dim, x.block_tokens, x.group, x.lane_port);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, lane_hello& x) {
+  return f(caf::meta::type_name("lane_hello"), x.token, x.version, x.run_id, x.key, x.node);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, lane_answer& x) {
+  return f(caf::meta::type_name("lane_answer"), x.ticket, x.reply, x.error);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, lane_request& x) {
+  return f(caf::meta::type_name("lane_request"), x.ticket, x.shard, x.req);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, lane_closed& x) {
+  return f(caf::meta::type_name("lane_closed"), x.why);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, r_group& x) {

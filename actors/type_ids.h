@@ -33,6 +33,21 @@ using tp_rank_actor = caf::typed_actor<
     caf::replies_to<tp_mlp>::with<tp_partial>,     // residual, then the MLP addend
     caf::replies_to<tp_next>::with<s_output>>;     // residual, then next Q/K/V slice or logits
 
+// Data lane, gpu side: carries attention requests to the shards of one cpu node over a socket
+// of its own, so tensor bytes are not copied through BASP (actors/data_lane.h).
+using lane_actor = caf::typed_actor<
+    caf::replies_to<lane_atom, int32_t, attn_request>::with<attn_reply>,  // to the node's shard i
+    caf::reacts_to<lane_answer>,                            // its reader thread: an answer came
+    caf::reacts_to<lane_closed>,                            // its reader thread: connection over
+    caf::reacts_to<expire_atom, uint64_t>,                  // a request's deadline passed
+    caf::reacts_to<watch_atom, std::vector<shard_actor>>>;  // close once these shards are gone
+
+// Data lane, cpu side: hands the requests its reader thread gets to the local shards and writes
+// their answers back.
+using lane_server_actor = caf::typed_actor<
+    caf::reacts_to<lane_request>,  // its reader thread: a request for shard i
+    caf::reacts_to<lane_closed>>;  // its reader thread: the gpu node is gone
+
 // A shard as the scheduler knows it.
 struct shard_info {
   shard_actor hdl;
@@ -48,6 +63,7 @@ struct add_shards {
   std::string token;
   uint64_t run_id = 0;
   std::vector<shard_info> shards;
+  uint64_t lane_key = 0;  // the node's data lane (lane_hello::key); 0: shards in this process
 };
 
 // CPU node -> gatekeeper: the node is shutting down; its sequences must move first.
@@ -142,7 +158,7 @@ typename Inspector::result_type inspect(Inspector& f, shard_info& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, add_shards& x) {
-  return f(caf::meta::type_name("add_shards"), x.token, x.run_id, x.shards);
+  return f(caf::meta::type_name("add_shards"), x.token, x.run_id, x.shards, x.lane_key);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, leave_request& x) {
@@ -220,4 +236,10 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::tp_partial))
 CAF_ADD_TYPE_ID(fastdecode, (fd::stage_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::tp_rank_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::trace_packed))
+CAF_ADD_TYPE_ID(fastdecode, (fd::lane_hello))
+CAF_ADD_TYPE_ID(fastdecode, (fd::lane_answer))
+CAF_ADD_TYPE_ID(fastdecode, (fd::lane_request))
+CAF_ADD_TYPE_ID(fastdecode, (fd::lane_closed))
+CAF_ADD_TYPE_ID(fastdecode, (fd::lane_actor))
+CAF_ADD_TYPE_ID(fastdecode, (fd::lane_server_actor))
 CAF_END_TYPE_ID_BLOCK(fastdecode)

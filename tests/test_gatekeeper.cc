@@ -40,7 +40,12 @@ TEST_CASE("gatekeeper refuses wrong secrets, versions and runs", "[gatekeeper]")
   fd::configure_caf(cfg, 2);
   caf::actor_system sys{cfg};
   fd::GpuNode node = fd::start_gpu_node(sys, model, fd::LocalOptions{});
-  fd::GatekeeperConfig gc{"s3cret", 77, model->cfg, {fd::whole_model_group(model->cfg)}, 16};
+  fd::GatekeeperConfig gc;
+  gc.token = "s3cret";
+  gc.run_id = 77;
+  gc.model = model->cfg;
+  gc.groups = {fd::whole_model_group(model->cfg)};
+  gc.block_tokens = 16;
   auto gate = fd::spawn_gatekeeper(sys, gc, node.scheduler);
   caf::scoped_actor self{sys};
   CHECK(refusal_of<fd::join_reply>(sys, self, gate, fd::join_request{"wrong", fd::kProtocolVersion, "n"}).find("wrong cluster secret") !=

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/data_lane.h"
 #include "actors/system.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
@@ -42,6 +43,7 @@ constexpr size_t kMiB = size_t(1) << 20;
 // attn_request::layer tells the sink what to answer.
 constexpr int32_t kAck = 0;   // an empty reply
 constexpr int32_t kEcho = 1;  // the payload back
+constexpr uint64_t kRunId = 1;  // of the data lane between the two processes
 
 struct Options {
   bool json = false;
@@ -80,9 +82,12 @@ bool parse_options(int argc, char** argv, Options& o) {
   po::notify(vm);
   if (vm.count("help")) {
     std::cout << desc << "\n"
-              << "Starts a second process on loopback and sends each payload size to it, first as an\n"
-                 "attn_request (bytes) through the CAF middleman to a typed actor that answers with an\n"
-                 "empty attn_reply, then as raw bytes over a plain TCP socket answered by one byte.\n"
+              << "Starts a second process on loopback that serves a typed shard actor, as a cpu node\n"
+                 "does, and sends each payload size to it three ways, rep by rep: as an attn_request\n"
+                 "through the actor path a micro-batch uses for a remote shard (a lane shard, the data\n"
+                 "lane's socket, the lane server, the shard; actors/data_lane.h), as the same request\n"
+                 "straight to the remote actor through CAF's BASP, and as raw bytes over a plain TCP\n"
+                 "socket answered by one byte. The shard answers with an empty attn_reply.\n"
                  "MiB/s is the payload over the median time of one transfer including its ack; ratio is\n"
                  "actor over TCP. echo_ms is the median round trip when the payload comes back. The small\n"
                  "payload's round trip is what each layer's shard hop costs; overhead is actor minus TCP.\n";
@@ -210,7 +215,8 @@ shard_actor::behavior_type sink_behavior(shard_actor::pointer) {
 }
 
 // `--serve`: publishes the sink and a TCP listener on loopback, prints both ports on stdout,
-// and serves until stdin closes (the parent exits or is done).
+// reads "LANE-PORT KEY" from stdin and opens the data lane to the parent as a cpu node would,
+// then serves until stdin closes (the parent exits or is done).
 int serve_main(const Options& o) {
   caf::actor_system_config cfg;
   configure(cfg, o);
@@ -223,12 +229,22 @@ int serve_main(const Options& o) {
   std::thread raw([lfd] { serve_raw(lfd); });
   std::printf("%u %u\n", static_cast<unsigned>(*port), static_cast<unsigned>(raw_port));
   std::fflush(stdout);
+  std::string line;
+  for (char c; ::read(0, &c, 1) > 0 && c != '\n';) line += c;
+  unsigned lane_port = 0;
+  unsigned long long key = 0;
+  lane_server_actor lane;
+  if (std::sscanf(line.c_str(), "%u %llu", &lane_port, &key) == 2)
+    lane = connect_lane(sys, "127.0.0.1", static_cast<uint16_t>(lane_port),
+                        lane_hello{"", kProtocolVersion, kRunId, key, "bench"}, {sink},
+                        std::chrono::seconds(120));
   char c;
   while (::read(0, &c, 1) > 0) {
   }
   ::shutdown(lfd, SHUT_RDWR);  // wakes accept()
   raw.join();
   ::close(lfd);
+  if (lane) caf::anon_send_exit(lane, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
   return 0;
 }
@@ -299,25 +315,51 @@ void stop_server(Server& s) {
   s.pid = -1;
 }
 
-// Times transfers over both paths; every timing is one transfer including its answer.
+// Times transfers over the three paths; every timing is one transfer including its answer.
 class Paths {
  public:
-  Paths(caf::actor_system& sys, const Server& server) : sys_(sys), self_(sys) {
+  Paths(caf::actor_system& sys, Server& server)
+      : sys_(sys),
+        self_(sys),
+        acceptor_(sys, LaneAcceptorConfig{"127.0.0.1", 0, "", kRunId, std::chrono::seconds(120), true}) {
     auto sink = sys.middleman().remote_actor<shard_actor>("127.0.0.1", server.actor_port);
     if (!sink) throw Error("cannot reach the sink actor: " + sys.render(sink.error()));
+    // The data lane, opened by the server as a cpu node opens it to a gpu node.
+    const uint64_t key = 0x5eed;
+    const std::string line = std::to_string(acceptor_.port()) + " " + std::to_string(key) + "\n";
+    if (::write(server.to_child, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+      throw Error("cannot tell the transport server the lane port");
+    lane_actor lane;
+    for (int i = 0; i < 1000 && !lane; ++i) {
+      lane = acceptor_.registry()->take(key);
+      if (!lane) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!lane) throw Error("the transport server did not open its data lane");
+    front_ = spawn_lane_shard(sys, *sink, lane, 0);
+    caf::anon_send(lane, watch_atom::value, std::vector<shard_actor>{front_});
     // Sent untyped so that one prebuilt message carries the payload every time (as the
     // micro-batch's request would): the far side still checks it against shard_actor.
-    sink_ = caf::actor_cast<caf::actor>(*sink);
+    lane_ = caf::actor_cast<caf::actor>(front_);
+    basp_ = caf::actor_cast<caf::actor>(*sink);
     raw_ = connect_loopback(server.raw_port);
   }
-  ~Paths() { ::close(raw_); }
+  ~Paths() {
+    ::close(raw_);
+    caf::anon_send_exit(front_, caf::exit_reason::user_shutdown);
+  }
 
-  double actor_once(const caf::message& msg, size_t expect_back) {
+  // Through the data lane (lane shard -> lane -> socket -> lane server -> shard), as a
+  // micro-batch reaches a remote shard; or straight to the remote actor through CAF's BASP.
+  // msg is sent as it is and should be unshared: a shared message's payload is copied on
+  // the way (as a micro-batch's request is not).
+  double actor_once(bool lane, caf::message msg, size_t expect_back) {
     const auto t0 = Clock::now();
     size_t back = 0;
-    self_->request(sink_, std::chrono::seconds(120), msg)
+    self_->request(lane ? lane_ : basp_, std::chrono::seconds(120), std::move(msg))
         .receive([&](attn_reply& r) { back = r.o.size(); },
-                 [&](caf::error& e) { throw Error("actor path: " + sys_.render(e)); });
+                 [&](caf::error& e) {
+                   throw Error(std::string(lane ? "data lane" : "BASP") + " path: " + sys_.render(e));
+                 });
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (back != expect_back) throw Error("actor path: the reply has the wrong size");
     return s;
@@ -337,7 +379,9 @@ class Paths {
  private:
   caf::actor_system& sys_;
   caf::scoped_actor self_;
-  caf::actor sink_;
+  LaneAcceptor acceptor_;
+  shard_actor front_;
+  caf::actor lane_, basp_;
   int raw_ = -1;
 };
 
@@ -349,19 +393,22 @@ caf::message request_of(const std::vector<char>& payload, int32_t mode) {
 }
 
 struct Timings {
-  std::vector<double> actor, tcp;
+  std::vector<double> lane, basp, tcp;
 };
 
-// Alternates the paths rep by rep, so that both see the same machine load.
+// Alternates the paths rep by rep, so that all see the same machine load. Each actor transfer
+// gets a message of its own, built before its timing starts, as a micro-batch builds each
+// request from the S-part's output.
 Timings measure(Paths& paths, const std::vector<char>& payload, int32_t mode, int reps) {
-  const caf::message msg = request_of(payload, mode);
   const size_t expect = mode == kEcho ? payload.size() : 0;
   std::vector<char> back;
-  paths.actor_once(msg, expect);  // warm-up: connections, buffers, page faults
+  paths.actor_once(true, request_of(payload, mode), expect);  // warm-up: connections, buffers
+  paths.actor_once(false, request_of(payload, mode), expect);
   paths.tcp_once(payload, mode, back);
   Timings t;
   for (int i = 0; i < reps; ++i) {
-    t.actor.push_back(paths.actor_once(msg, expect));
+    t.lane.push_back(paths.actor_once(true, request_of(payload, mode), expect));
+    t.basp.push_back(paths.actor_once(false, request_of(payload, mode), expect));
     t.tcp.push_back(paths.tcp_once(payload, mode, back));
   }
   return t;
@@ -377,51 +424,57 @@ int run(const Options& o) {
     {
       Paths paths(sys, server);
       if (!o.json)
-        std::printf("loopback, one transfer = payload + ack; MiB/s from the median of the reps\n"
-                    "%8s %5s %12s %12s %7s %14s %14s\n",
-                    "MiB", "reps", "actor MiB/s", "TCP MiB/s", "ratio", "actor echo ms",
-                    "TCP echo ms");
+        std::printf("loopback, one transfer = payload + ack; MiB/s from the median of the reps;\n"
+                    "actor = the data lane a micro-batch uses for a remote shard, BASP = CAF's own\n"
+                    "%8s %5s %12s %12s %12s %7s %7s %10s %10s %10s\n",
+                    "MiB", "reps", "actor MiB/s", "BASP MiB/s", "TCP MiB/s", "ratio", "BASP r.",
+                    "actor echo", "BASP echo", "TCP echo");
       for (int mb : o.sizes_mb) {
         const int reps = o.reps > 0 ? o.reps : std::max(5, std::min(100, 512 / mb));
         std::vector<char> payload(size_t(mb) * kMiB);
         for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131);
         const Timings one = measure(paths, payload, kAck, reps);
         const Timings echo = measure(paths, payload, kEcho, std::max(3, reps / 2));
-        const double actor = mb / median(one.actor), tcp = mb / median(one.tcp);
-        const double actor_echo_ms = median(echo.actor) * 1e3, tcp_echo_ms = median(echo.tcp) * 1e3;
+        const double lane = mb / median(one.lane), basp = mb / median(one.basp), tcp = mb / median(one.tcp);
+        const double lane_echo_ms = median(echo.lane) * 1e3, basp_echo_ms = median(echo.basp) * 1e3,
+                     tcp_echo_ms = median(echo.tcp) * 1e3;
         if (o.json) {
           JsonLine j;
           j.add("bench", std::string("transport"))
               .add("size_mib", int64_t(mb))
               .add("reps", int64_t(reps))
-              .add("actor_mib_s", actor)
+              .add("actor_mib_s", lane)
+              .add("basp_mib_s", basp)
               .add("tcp_mib_s", tcp)
-              .add("ratio", actor / tcp)
-              .add("actor_echo_ms", actor_echo_ms)
+              .add("ratio", lane / tcp)
+              .add("basp_ratio", basp / tcp)
+              .add("actor_echo_ms", lane_echo_ms)
+              .add("basp_echo_ms", basp_echo_ms)
               .add("tcp_echo_ms", tcp_echo_ms);
           std::cout << j.str() << std::endl;
         } else {
-          std::printf("%8d %5d %12.1f %12.1f %7.2f %14.2f %14.2f\n", mb, reps, actor, tcp,
-                      actor / tcp, actor_echo_ms, tcp_echo_ms);
+          std::printf("%8d %5d %12.1f %12.1f %12.1f %7.2f %7.2f %10.2f %10.2f %10.2f\n", mb, reps, lane,
+                      basp, tcp, lane / tcp, basp / tcp, lane_echo_ms, basp_echo_ms, tcp_echo_ms);
           std::fflush(stdout);
         }
       }
       std::vector<char> small(size_t(o.small_kb) * 1024, 'x');
       const Timings t = measure(paths, small, kAck, o.small_reps);
-      const double actor_us = median(t.actor) * 1e6, tcp_us = median(t.tcp) * 1e6;
+      const double lane_us = median(t.lane) * 1e6, basp_us = median(t.basp) * 1e6, tcp_us = median(t.tcp) * 1e6;
       if (o.json) {
         JsonLine j;
         j.add("bench", std::string("transport_small"))
             .add("size_kib", int64_t(o.small_kb))
             .add("reps", int64_t(o.small_reps))
-            .add("actor_rtt_us", actor_us)
+            .add("actor_rtt_us", lane_us)
+            .add("basp_rtt_us", basp_us)
             .add("tcp_rtt_us", tcp_us)
-            .add("overhead_us", actor_us - tcp_us);
+            .add("overhead_us", lane_us - tcp_us);
         std::cout << j.str() << std::endl;
       } else {
-        std::printf("%d KiB round trip (median of %d): actor %.1f us, TCP %.1f us; per-layer "
-                    "overhead of the actor path %.1f us\n",
-                    o.small_kb, o.small_reps, actor_us, tcp_us, actor_us - tcp_us);
+        std::printf("%d KiB round trip (median of %d): actor %.1f us, BASP %.1f us, TCP %.1f us; "
+                    "per-layer overhead of the actor path %.1f us\n",
+                    o.small_kb, o.small_reps, lane_us, basp_us, tcp_us, lane_us - tcp_us);
       }
     }
   } catch (...) {

@@ -1,6 +1,7 @@
 // `fastdecode-bench transport`: payload throughput between two processes over loopback through
-// the actor path (CAF middleman, typed request/reply of attn_request) against a plain TCP socket
-// in the same run, and the round trip of a small payload (the per-layer overhead of a shard hop).
+// the actor path to a remote shard (typed request/reply of attn_request over the data lane), and
+// through CAF's BASP, against a plain TCP socket in the same run, and the round trip of a small
+// payload (the per-layer overhead of a shard hop).
 #pragma once
 
 namespace fd {

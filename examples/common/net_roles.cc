@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include "actors/data_lane.h"
 #include "actors/gatekeeper.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
@@ -65,12 +66,22 @@ int run_gpu_role(const NodeArgs& args) {
   caf::actor_system sys{cfg};
   GpuNode node = start_gpu_node(sys, model, args.local);
   if (!node.backend_note.empty()) std::cerr << "gpu node: " << node.backend_note << "\n";
-  GatekeeperConfig gc{args.token, random_run_id(), model->cfg, node.groups, args.local.block_tokens};
+  GatekeeperConfig gc;
+  gc.token = args.token;
+  gc.run_id = random_run_id();
+  gc.model = model->cfg;
+  gc.groups = node.groups;
+  gc.block_tokens = args.local.block_tokens;
   gc.vocab = model->vocab;
+  LaneAcceptor lanes(sys, LaneAcceptorConfig{hp.host, static_cast<uint16_t>(args.lane_port), args.token,
+                                             gc.run_id, args.local.timeout, true});
+  gc.lanes = lanes.registry();
+  gc.lane_port = lanes.port();
   auto gate = spawn_gatekeeper(sys, gc, node.scheduler);
   auto port = sys.middleman().publish(gate, hp.port, hp.host.c_str(), true);
   if (!port) throw Error("cannot listen on " + args.listen + ": " + sys.render(port.error()));
-  std::cerr << "gpu node: serving " << model->name << " on " << hp.host << ":" << *port << "\n";
+  std::cerr << "gpu node: serving " << model->name << " on " << hp.host << ":" << *port
+            << " (data lane on port " << lanes.port() << ")\n";
   int rc = 0;
   if (args.prompts.empty()) {
     while (signals.poll(std::chrono::milliseconds(500)) == 0) {
@@ -173,6 +184,14 @@ int run_cpu_role(const NodeArgs& args) {
     s.node = name;
     shards.push_back(s.hdl);
   }
+  // Attention tensors travel over the data lane; the shards register once it is open.
+  lane_server_actor lane;
+  if (shape.lane_port > 0) {
+    reg.lane_key = random_run_id() | 1;
+    lane = connect_lane(sys, hp.host, static_cast<uint16_t>(shape.lane_port),
+                        lane_hello{args.token, kProtocolVersion, shape.run_id, reg.lane_key, name},
+                        shards, args.local.timeout);
+  }
   self->request(gate, std::chrono::seconds(30), std::move(reg))
       .receive([](shard_ids&) {},
                [&](caf::error& e) {
@@ -210,6 +229,7 @@ int run_cpu_role(const NodeArgs& args) {
         caf::after(std::chrono::milliseconds(200)) >> [] {});
   }
   report_and_stop(self, sys, name, shards);
+  if (lane) caf::anon_send_exit(lane, caf::exit_reason::user_shutdown);
   // CAF 0.17 sometimes waits forever in the actor system's destructor (await_detached_threads)
   // for a stopped shard whose last reference the middleman still holds once the gpu node is
   // gone. Everything is reported by now, so the process ends at the latest 3 s from here.

@@ -114,6 +114,9 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
        "oversubscribe the cores stall each other)")
       ("json", po::bool_switch(&a.json), "one JSON object per prompt per line")
       ("listen", po::value(&a.listen)->default_value("127.0.0.1:4242"), "gpu: HOST:PORT to serve")
+      ("lane-port", po::value(&a.lane_port)->default_value(0),
+       "gpu: port of the data lane (attention tensors) on the listen host; 0: any free port, told "
+       "to cpu nodes when they join")
       ("join", po::value(&a.join), "cpu: HOST:PORT of the gpu node")
       ("token", po::value(&a.token), "cluster secret (default: $FASTDECODE_TOKEN)")
       ("min-shards", po::value(&a.min_shards)->default_value(1), "gpu: shards to wait for")
@@ -182,6 +185,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (a.token.empty())
     if (const char* env = std::getenv("FASTDECODE_TOKEN")) a.token = env;
   if (a.role == "cpu" && a.join.empty()) throw Error("--role cpu needs --join HOST:PORT");
+  if (a.lane_port < 0 || a.lane_port > 65535) throw Error("--lane-port must be in 0..65535");
   if (a.role != "cpu" && !a.join.empty()) throw Error("--join is only for --role cpu");
   if (a.min_shards < 1) throw Error("--min-shards must be at least 1");
   a.prompts = prompts;

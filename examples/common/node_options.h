@@ -21,6 +21,7 @@ struct NodeArgs {
   bool json = false;
   // Network roles.
   std::string listen = "127.0.0.1:4242";  // --role gpu
+  int lane_port = 0;                      // --role gpu: data lane port on the listen host; 0: any
   std::string join;                       // --role cpu: the gpu node
   std::string token;                      // cluster secret (--token or FASTDECODE_TOKEN)
   int min_shards = 1;                     // --role gpu with prompts: wait for this many

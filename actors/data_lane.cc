@@ -1,0 +1,376 @@
+#include "actors/data_lane.h"
+
+#include <iostream>
+
+#include "actors/gatekeeper.h"
+#include "caf/all.hpp"
+#include "runtime/error.h"
+
+namespace fd {
+namespace {
+
+using namespace std::chrono_literals;
+using lane::Buffer;
+using lane::FrameKind;
+
+constexpr auto kHandshakeTimeout = 5s;  // for a connecting peer to say hello
+constexpr auto kClaimTimeout = 60s;     // for a welcomed node to register its shards
+
+std::chrono::milliseconds ms(caf::timespan t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t);
+}
+
+// The small fields of a frame, in CAF's binary format.
+template <class... Ts>
+Buffer encode(caf::actor_system& sys, Ts&... xs) {
+  Buffer b;
+  caf::binary_serializer sink{sys, b};
+  if (auto err = sink(xs...)) throw Error("data lane: cannot encode a frame: " + sys.render(err));
+  return b;
+}
+
+template <class... Ts>
+bool decode(caf::actor_system& sys, const Buffer& b, Ts&... xs) {
+  caf::binary_deserializer source{sys, b};
+  return !source(xs...) && source.remaining() == 0;
+}
+
+void write_small(const lane::Socket& s, FrameKind kind, uint64_t ticket, const Buffer& meta) {
+  lane::write_frame(s, kind, ticket, 0, meta, nullptr);
+}
+
+// ---- gpu side: one lane actor per cpu node ------------------------------------------------
+
+struct LaneState {
+  std::shared_ptr<lane::Socket> sock;
+  std::thread reader;
+  std::unordered_map<uint64_t, caf::typed_response_promise<attn_reply>> pending;  // by ticket
+  uint64_t next_ticket = 0;
+  caf::timespan timeout{};
+  std::string node;
+  bool claimed = false;
+  size_t watched = 0;  // lane shards still alive
+  ~LaneState() {
+    if (sock) sock->shutdown();  // the reader returns from its read
+    if (reader.joinable()) reader.join();
+  }
+  static inline const char* name = "data_lane";
+};
+
+using lane_ptr = lane_actor::stateful_pointer<LaneState>;
+
+// Reads the cpu node's answers until the connection ends, then says why.
+void read_answers(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_actor lane) {
+  std::string why = "the cpu node closed its data lane";
+  try {
+    lane::Frame f;
+    while (lane::read_frame(*sock, f)) {
+      lane_answer a;
+      a.ticket = f.ticket;
+      if (f.kind == FrameKind::reply) {
+        if (!decode(sys, f.meta, a.reply.step, a.reply.layer, a.reply.compute_us))
+          throw Error("data lane: malformed reply from the cpu node");
+        a.reply.o = std::move(f.payload[0]);
+      } else if (f.kind == FrameKind::failure) {
+        if (!decode(sys, f.meta, a.error) || !a.error)
+          throw Error("data lane: malformed failure from the cpu node");
+      } else {
+        throw Error("data lane: unexpected frame from the cpu node");
+      }
+      caf::anon_send(lane, std::move(a));
+    }
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  caf::anon_send(lane, lane_closed{why});
+}
+
+// Fails every request in flight as if its shard had gone down (the micro-batch then re-places
+// the sequences), and ends the lane: its lane shards end with it.
+void close_lane(lane_ptr self, const std::string& why) {
+  auto& st = self->state;
+  for (auto& [ticket, rp] : st.pending)
+    rp.deliver(caf::make_error(caf::sec::request_receiver_down, "data lane to " + st.node + ": " + why));
+  st.pending.clear();
+  self->quit(caf::make_error(caf::sec::runtime_error, "data lane to " + st.node + " closed: " + why));
+}
+
+lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<lane::Socket> sock,
+                                        std::string node, caf::timespan timeout) {
+  auto& st = self->state;
+  st.sock = sock;
+  st.node = std::move(node);
+  st.timeout = timeout;
+  st.reader = std::thread(read_answers, std::ref(self->system()), sock, caf::actor_cast<lane_actor>(self));
+  self->delayed_send(self, kClaimTimeout, expire_atom::value, uint64_t{0});
+  self->set_down_handler([self](caf::down_msg&) {
+    if (--self->state.watched == 0) close_lane(self, "its shards are gone");
+  });
+  return {
+      [self](lane_atom, int32_t shard, attn_request& req) -> caf::result<attn_reply> {
+        auto& st = self->state;
+        const uint64_t ticket = ++st.next_ticket;
+        try {
+          const Buffer meta = encode(self->system(), req.step, req.layer, req.seqs);
+          const Buffer* payload[lane::kPayloads] = {&req.q, &req.k, &req.v};
+          lane::write_frame(*st.sock, FrameKind::request, ticket, static_cast<uint32_t>(shard), meta, payload);
+        } catch (const Error& e) {
+          close_lane(self, e.what());
+          return caf::make_error(caf::sec::request_receiver_down, e.what());
+        }
+        auto rp = self->make_response_promise<attn_reply>();
+        st.pending.emplace(ticket, rp);
+        self->delayed_send(self, st.timeout, expire_atom::value, ticket);
+        return rp;
+      },
+      [self](lane_answer& a) {
+        auto& st = self->state;
+        auto it = st.pending.find(a.ticket);
+        if (it == st.pending.end()) return;  // expired meanwhile
+        if (a.error)
+          it->second.deliver(std::move(a.error));
+        else
+          it->second.deliver(std::move(a.reply));
+        st.pending.erase(it);
+      },
+      [self](lane_closed& c) { close_lane(self, c.why); },
+      [self](expire_atom, uint64_t ticket) {
+        auto& st = self->state;
+        if (ticket == 0) {
+          if (!st.claimed) close_lane(self, "no shards registered for it");
+          return;
+        }
+        auto it = st.pending.find(ticket);
+        if (it == st.pending.end()) return;
+        it->second.deliver(caf::make_error(caf::sec::request_timeout));
+        st.pending.erase(it);
+      },
+      [self](watch_atom, std::vector<shard_actor>& shards) {
+        auto& st = self->state;
+        st.claimed = true;
+        for (auto& s : shards) {
+          self->monitor(s);
+          ++st.watched;
+        }
+        if (st.watched == 0) close_lane(self, "no shards registered for it");
+      },
+  };
+}
+
+// ---- gpu side: a lane shard per remote shard ------------------------------------------------
+
+struct LaneShardState {
+  shard_actor remote;
+  lane_actor lane;
+  int32_t index = 0;
+  static inline const char* name = "lane_shard";
+};
+
+shard_actor::behavior_type lane_shard_behavior(shard_actor::stateful_pointer<LaneShardState> self,
+                                               shard_actor remote, lane_actor lane, int32_t index) {
+  self->state.remote = remote;
+  self->state.lane = lane;
+  self->state.index = index;
+  self->link_to(remote);
+  self->monitor(lane);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    self->quit(dm.reason ? dm.reason : caf::make_error(caf::sec::request_receiver_down, "data lane closed"));
+  });
+  return {
+      [self](attn_request& r) {
+        return self->delegate(self->state.lane, lane_atom::value, self->state.index, std::move(r));
+      },
+      [self](drop_atom, uint64_t seq) { self->send(self->state.remote, drop_atom::value, seq); },
+      [self](stats_atom) { return self->delegate(self->state.remote, stats_atom::value); },
+  };
+}
+
+// ---- cpu side: the lane server ----------------------------------------------------------------
+
+struct LaneServerState {
+  std::shared_ptr<lane::Socket> sock;
+  std::thread reader;
+  std::vector<shard_actor> shards;
+  caf::timespan timeout{};
+  ~LaneServerState() {
+    if (sock) sock->shutdown();
+    if (reader.joinable()) reader.join();
+  }
+  static inline const char* name = "data_lane_server";
+};
+
+using server_ptr = lane_server_actor::stateful_pointer<LaneServerState>;
+
+void read_requests(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_server_actor server) {
+  std::string why = "the gpu node closed the data lane";
+  try {
+    lane::Frame f;
+    while (lane::read_frame(*sock, f)) {
+      if (f.kind != FrameKind::request) throw Error("data lane: unexpected frame from the gpu node");
+      lane_request r;
+      r.ticket = f.ticket;
+      r.shard = static_cast<int32_t>(f.target);
+      if (!decode(sys, f.meta, r.req.step, r.req.layer, r.req.seqs))
+        throw Error("data lane: malformed request from the gpu node");
+      r.req.q = std::move(f.payload[0]);
+      r.req.k = std::move(f.payload[1]);
+      r.req.v = std::move(f.payload[2]);
+      caf::anon_send(server, std::move(r));
+    }
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  caf::anon_send(server, lane_closed{why});
+}
+
+// Writes one answer; a connection that fails ends the server (the gpu node then sees it close).
+void answer(server_ptr self, uint64_t ticket, attn_reply* reply, caf::error* err) {
+  auto& st = self->state;
+  try {
+    if (reply != nullptr) {
+      const Buffer meta = encode(self->system(), reply->step, reply->layer, reply->compute_us);
+      const Buffer* payload[lane::kPayloads] = {&reply->o, nullptr, nullptr};
+      lane::write_frame(*st.sock, FrameKind::reply, ticket, 0, meta, payload);
+    } else {
+      write_small(*st.sock, FrameKind::failure, ticket, encode(self->system(), *err));
+    }
+  } catch (const Error& e) {
+    std::cerr << "data lane: " << e.what() << "\n";
+    self->quit();
+  }
+}
+
+lane_server_actor::behavior_type lane_server_behavior(server_ptr self, std::shared_ptr<lane::Socket> sock,
+                                                      std::vector<shard_actor> shards,
+                                                      caf::timespan timeout) {
+  auto& st = self->state;
+  st.sock = sock;
+  st.shards = std::move(shards);
+  st.timeout = timeout;
+  st.reader = std::thread(read_requests, std::ref(self->system()), sock,
+                          caf::actor_cast<lane_server_actor>(self));
+  return {
+      [self](lane_request& r) {
+        auto& st = self->state;
+        const uint64_t ticket = r.ticket;
+        if (r.shard < 0 || static_cast<size_t>(r.shard) >= st.shards.size()) {
+          auto err = caf::make_error(caf::sec::invalid_argument,
+                                           "data lane: this node has no shard " + std::to_string(r.shard));
+          return answer(self, ticket, nullptr, &err);
+        }
+        self->request(st.shards[static_cast<size_t>(r.shard)], st.timeout, std::move(r.req))
+            .then([self, ticket](attn_reply& rep) { answer(self, ticket, &rep, nullptr); },
+                  [self, ticket](caf::error& e) { answer(self, ticket, nullptr, &e); });
+      },
+      [self](lane_closed&) { self->quit(); },
+  };
+}
+
+}  // namespace
+
+void LaneRegistry::put(uint64_t key, lane_actor lane) {
+  std::lock_guard<std::mutex> lock(mu_);
+  lanes_[key] = std::move(lane);
+}
+
+lane_actor LaneRegistry::take(uint64_t key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = lanes_.find(key);
+  if (it == lanes_.end()) return {};
+  lane_actor out = std::move(it->second);
+  lanes_.erase(it);
+  return out;
+}
+
+LaneAcceptor::LaneAcceptor(caf::actor_system& sys, LaneAcceptorConfig cfg)
+    : sys_(sys), cfg_(std::move(cfg)) {
+  listener_ = lane::listen_tcp(cfg_.host, cfg_.port);
+  thread_ = std::thread([this] { run(); });
+}
+
+LaneAcceptor::~LaneAcceptor() {
+  stop_ = true;
+  thread_.join();
+  // A lane blocked writing to a stopped node returns once its socket is shut down.
+  for (auto& [lane, sock] : lanes_) {
+    sock->shutdown();
+    caf::anon_send_exit(lane, caf::exit_reason::user_shutdown);
+  }
+}
+
+void LaneAcceptor::run() {
+  while (!stop_) {
+    lane::Socket s = lane::accept_tcp(listener_, 200ms);
+    if (s.fd() >= 0) handshake(std::move(s));
+  }
+}
+
+// Runs on the acceptor's thread: a peer gets kHandshakeTimeout to say hello.
+void LaneAcceptor::handshake(lane::Socket s) {
+  lane::set_io_timeouts(s, kHandshakeTimeout, kHandshakeTimeout);
+  lane_hello h;
+  std::string why;
+  try {
+    lane::Frame f;
+    if (!lane::read_frame(s, f)) return;
+    if (f.kind != FrameKind::hello || !decode(sys_, f.meta, h))
+      why = "the peer did not begin with a lane hello";
+    else if (h.version != kProtocolVersion)
+      why = "protocol version mismatch: this gpu node speaks version " + std::to_string(kProtocolVersion) +
+            ", the peer " + std::to_string(h.version);
+    else if (!same_secret(h.token, cfg_.token))
+      why = "wrong cluster secret (--token / FASTDECODE_TOKEN)";
+    else if (h.run_id != cfg_.run_id)
+      why = "the node joined an earlier run of this gpu node";
+    else if (h.key == 0)
+      why = "the hello names no lane key";
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  if (!why.empty()) {
+    if (cfg_.log) std::cerr << "data lane: refused " << (h.node.empty() ? "a peer" : h.node) << ": " << why << "\n";
+    try {
+      write_small(s, FrameKind::refused, 0, encode(sys_, why));
+    } catch (const Error&) {
+    }
+    return;
+  }
+  lane::set_io_timeouts(s, ms(cfg_.timeout), 0ms);
+  auto sock = std::make_shared<lane::Socket>(std::move(s));
+  auto lane = sys_.spawn<caf::detached>(lane_behavior, sock, h.node, cfg_.timeout);
+  lanes_.emplace_back(lane, sock);
+  registry_->put(h.key, lane);  // before the welcome: the node registers its shards only after it
+  try {
+    write_small(*sock, FrameKind::welcome, 0, Buffer{});
+  } catch (const Error& e) {
+    caf::anon_send(lane, lane_closed{e.what()});
+  }
+}
+
+shard_actor spawn_lane_shard(caf::actor_system& sys, shard_actor remote, lane_actor lane,
+                             int32_t index) {
+  return sys.spawn(lane_shard_behavior, std::move(remote), std::move(lane), index);
+}
+
+lane_server_actor connect_lane(caf::actor_system& sys, const std::string& host, uint16_t port,
+                               const lane_hello& hello, std::vector<shard_actor> shards,
+                               caf::timespan timeout) {
+  auto sock = std::make_shared<lane::Socket>(lane::connect_tcp(host, port));
+  lane::set_io_timeouts(*sock, kHandshakeTimeout, kHandshakeTimeout);
+  lane_hello h = hello;
+  write_small(*sock, FrameKind::hello, 0, encode(sys, h));
+  lane::Frame f;
+  if (!lane::read_frame(*sock, f))
+    throw Error("the gpu node closed the data lane at " + host + ":" + std::to_string(port) +
+                " without an answer");
+  if (f.kind == FrameKind::refused) {
+    std::string why;
+    decode(sys, f.meta, why);
+    throw Error("the gpu node refused the data lane: " + why);
+  }
+  if (f.kind != FrameKind::welcome) throw Error("the gpu node answered the lane hello with a wrong frame");
+  lane::set_io_timeouts(*sock, ms(timeout), 0ms);
+  return sys.spawn<caf::detached>(lane_server_behavior, sock, std::move(shards), timeout);
+}
+
+}  // namespace fd

@@ -1,0 +1,226 @@
+// The data lane: its frames on a socket pair, its handshake (secret, version, run), and attention
+// through a lane shard against the same request sent to a shard directly.
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "actors/data_lane.h"
+#include "actors/system.h"
+#include "caf/all.hpp"
+#include "runtime/error.h"
+#include "runtime/lane_socket.h"
+
+namespace {
+
+using fd::lane::Buffer;
+using fd::lane::FrameKind;
+
+std::pair<fd::lane::Socket, fd::lane::Socket> socket_pair() {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  return {fd::lane::Socket(fds[0]), fd::lane::Socket(fds[1])};
+}
+
+Buffer pattern(size_t n, int seed) {
+  Buffer b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<char>(i * 131 + static_cast<size_t>(seed));
+  return b;
+}
+
+constexpr uint64_t kRun = 42;
+
+// One shard's worth of shape: 2 layers, 4 heads over 2 kv heads of 16.
+fd::ShardConfig shard_config(const std::string& name) {
+  fd::ShardConfig c;
+  c.name = name;
+  c.kv = fd::KvStoreConfig{2, 2, 16, 16, size_t(1) << 20, fd::kernels::KvDtype::f16};
+  c.dims = fd::kernels::AttnDims{4, 2, 16};
+  return c;
+}
+
+// A request of `rows` new tokens for sequence 7 at layer 0, with random Q/K/V.
+fd::attn_request random_request(int rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  fd::attn_request r;
+  r.step = 3;
+  r.layer = 0;
+  r.seqs = {fd::seq_rows{7, 0, rows}};
+  std::vector<float> q(size_t(rows) * 4 * 16);
+  std::vector<uint16_t> k(size_t(rows) * 2 * 16), v(k.size());
+  for (auto& x : q) x = dist(rng);
+  for (auto& x : k) x = static_cast<uint16_t>(0x3000 + rng() % 0x0800);
+  for (auto& x : v) x = static_cast<uint16_t>(0xB000 + rng() % 0x0800);
+  r.q = fd::to_bytes(q.data(), q.size());
+  r.k = fd::to_bytes(k.data(), k.size());
+  r.v = fd::to_bytes(v.data(), v.size());
+  return r;
+}
+
+fd::attn_reply ask(caf::scoped_actor& self, const fd::shard_actor& to, fd::attn_request r) {
+  fd::attn_reply out;
+  self->request(to, std::chrono::seconds(10), std::move(r))
+      .receive([&](fd::attn_reply& x) { out = std::move(x); },
+               [&](caf::error& e) { FAIL("attention request failed: " << self->system().render(e)); });
+  return out;
+}
+
+struct LaneFixture {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<fd::LaneAcceptor> acceptor;
+  LaneFixture() {
+    fd::configure_caf(cfg, 2);
+    sys = std::make_unique<caf::actor_system>(cfg);
+    acceptor = std::make_unique<fd::LaneAcceptor>(
+        *sys, fd::LaneAcceptorConfig{"127.0.0.1", 0, "s3cret", kRun, std::chrono::seconds(10), false});
+  }
+  fd::lane_server_actor connect(fd::lane_hello h, std::vector<fd::shard_actor> shards) {
+    return fd::connect_lane(*sys, "127.0.0.1", acceptor->port(), h, std::move(shards),
+                            std::chrono::seconds(10));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("lane frames keep their kind, ticket, target, metadata and payloads", "[lane]") {
+  auto [a, b] = socket_pair();
+  const Buffer meta = pattern(37, 1), p0 = pattern(300001, 2), p2 = pattern(5, 3), empty;
+  const Buffer* payload[fd::lane::kPayloads] = {&p0, &empty, &p2};
+  std::thread writer([&, &a = a] {
+    fd::lane::write_frame(a, FrameKind::request, 99, 5, meta, payload);
+    fd::lane::write_frame(a, FrameKind::welcome, 0, 0, Buffer{}, nullptr);
+    a.shutdown();
+  });
+  fd::lane::Frame f;
+  REQUIRE(fd::lane::read_frame(b, f));
+  CHECK(f.kind == FrameKind::request);
+  CHECK(f.ticket == 99);
+  CHECK(f.target == 5);
+  CHECK(f.meta == meta);
+  CHECK(f.payload[0] == p0);
+  CHECK(f.payload[1].empty());
+  CHECK(f.payload[2] == p2);
+  REQUIRE(fd::lane::read_frame(b, f));
+  CHECK(f.kind == FrameKind::welcome);
+  CHECK(f.meta.empty());
+  CHECK(f.payload[0].empty());
+  CHECK_FALSE(fd::lane::read_frame(b, f));  // closed between frames
+  writer.join();
+}
+
+TEST_CASE("malformed lane frames are refused with a clear error", "[lane]") {
+  const auto refused = [](const std::vector<char>& bytes, const char* what) {
+    auto [a, b] = socket_pair();
+    REQUIRE(::write(a.fd(), bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+    a.shutdown();
+    fd::lane::Frame f;
+    std::string err;
+    try {
+      fd::lane::read_frame(b, f);
+    } catch (const fd::Error& e) {
+      err = e.what();
+    }
+    INFO(err);
+    CHECK(err.find(what) != std::string::npos);
+  };
+  // A valid header to start from: magic "FDDL", kind reply, ticket 1, no metadata or payload.
+  std::vector<char> h(48, 0);
+  const uint32_t magic = 0x4C444446, kind = 5;
+  std::memcpy(h.data(), &magic, 4);
+  std::memcpy(h.data() + 4, &kind, 4);
+  auto bad_magic = h;
+  bad_magic[0] = 'X';
+  refused(bad_magic, "does not speak the lane protocol");
+  auto bad_kind = h;
+  bad_kind[4] = 77;
+  refused(bad_kind, "unknown frame kind");
+  auto huge_meta = h;
+  const uint32_t meta = 1u << 30;
+  std::memcpy(huge_meta.data() + 20, &meta, 4);
+  refused(huge_meta, "metadata too large");
+  auto huge_payload = h;
+  const uint64_t payload = uint64_t(1) << 40;
+  std::memcpy(huge_payload.data() + 32, &payload, 8);
+  refused(huge_payload, "payload too large");
+  auto cut = h;
+  const uint64_t ten = 10;
+  std::memcpy(cut.data() + 24, &ten, 8);
+  cut.push_back('x');  // 1 of 10 payload bytes, then the end
+  refused(cut, "in the middle of a frame");
+  refused(std::vector<char>(h.begin(), h.begin() + 20), "in the middle of a frame");
+}
+
+TEST_CASE("the data lane refuses a wrong secret, version or run and stays open for others", "[lane]") {
+  LaneFixture fx;
+  const auto refusal = [&](fd::lane_hello h) {
+    std::string err = "(accepted)";
+    try {
+      fx.connect(h, {});
+    } catch (const fd::Error& e) {
+      err = e.what();
+    }
+    return err;
+  };
+  CHECK(refusal({"wrong", fd::kProtocolVersion, kRun, 1, "n"}).find("wrong cluster secret") != std::string::npos);
+  CHECK(refusal({"s3cret", fd::kProtocolVersion + 1, kRun, 1, "n"}).find("protocol version") != std::string::npos);
+  CHECK(refusal({"s3cret", fd::kProtocolVersion, kRun + 1, 1, "n"}).find("earlier run") != std::string::npos);
+  CHECK(refusal({"s3cret", fd::kProtocolVersion, kRun, 0, "n"}).find("no lane key") != std::string::npos);
+  CHECK_FALSE(fx.acceptor->registry()->take(1));  // nothing refused got through
+  {  // A peer that sends junk is dropped.
+    auto junk = fd::lane::connect_tcp("127.0.0.1", fx.acceptor->port());
+    const char bytes[64] = "GET / HTTP/1.0\r\n\r\n";
+    REQUIRE(::write(junk.fd(), bytes, sizeof bytes) == static_cast<ssize_t>(sizeof bytes));
+    char c;
+    CHECK(::read(junk.fd(), &c, 1) >= 0);  // answered (refused) or closed, not hanging
+  }
+  auto server = fx.connect({"s3cret", fd::kProtocolVersion, kRun, 9, "good"}, {});
+  CHECK(server);
+  CHECK(fx.acceptor->registry()->take(9));
+  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("attention through a lane shard equals the shard's own answer; the lane's end ends it", "[lane]") {
+  LaneFixture fx;
+  caf::scoped_actor self{*fx.sys};
+  auto far = fd::spawn_shard(*fx.sys, shard_config("far"));      // behind the lane
+  auto direct = fd::spawn_shard(*fx.sys, shard_config("near"));  // asked directly
+  auto server = fx.connect({"s3cret", fd::kProtocolVersion, kRun, 5, "cpu"}, {far});
+  auto lane = fx.acceptor->registry()->take(5);
+  REQUIRE(lane);
+  auto front = fd::spawn_lane_shard(*fx.sys, far, lane, 0);
+  self->send(lane, fd::watch_atom::value, std::vector<fd::shard_actor>{front});
+
+  for (int rows : {3, 1}) {  // a prefill, then one decode step
+    auto r = random_request(rows, static_cast<uint32_t>(rows));
+    if (rows == 1) r.seqs[0].pos0 = 3;
+    const auto via_lane = ask(self, front, r);
+    const auto straight = ask(self, direct, r);
+    CHECK(via_lane.step == straight.step);
+    CHECK(via_lane.layer == straight.layer);
+    CHECK(via_lane.o.size() == size_t(rows) * 4 * 16 * sizeof(float));
+    CHECK(via_lane.o == straight.o);
+  }
+  // A request the far shard rejects comes back as its error.
+  auto bad = random_request(2, 9);
+  bad.layer = 5;
+  std::string err;
+  self->request(front, std::chrono::seconds(10), bad)
+      .receive([](fd::attn_reply&) {}, [&](caf::error& e) { err = fx.sys->render(e); });
+  CHECK(err.find("does not match the model shape") != std::string::npos);
+
+  // The cpu side goes away: the lane closes and the lane shard goes down with it.
+  self->monitor(front);
+  caf::anon_send_exit(server, caf::exit_reason::kill);
+  bool down = false;
+  self->receive([&](caf::down_msg& dm) { down = dm.source == front.address(); },
+                caf::after(std::chrono::seconds(10)) >> [] {});
+  CHECK(down);
+  caf::anon_send_exit(far, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(direct, caf::exit_reason::user_shutdown);
+}
