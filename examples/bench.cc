@@ -8,6 +8,7 @@
 #include "examples/common/bench_schedule.h"
 #include "examples/common/bench_sworker.h"
 #include "examples/common/bench_transport.h"
+#include "runtime/tensor_memory.h"
 
 namespace {
 
@@ -24,6 +25,7 @@ void usage(std::ostream& os) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fd::reuse_tensor_memory();
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage(argc < 2 ? std::cerr : std::cout);
     return argc < 2 ? 2 : 0;

@@ -4,8 +4,10 @@
 #include "examples/common/net_roles.h"
 #include "examples/common/node_options.h"
 #include "examples/common/run_prompts.h"
+#include "runtime/tensor_memory.h"
 
 int main(int argc, char** argv) {
+  fd::reuse_tensor_memory();
   try {
     fd::NodeArgs args;
     if (!fd::parse_node_args(argc, argv, args)) return 0;
