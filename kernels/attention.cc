@@ -34,7 +34,6 @@ constexpr int kMaxHeadDim = 256;
 // Whether one query per kv head reads faster with software prefetch than with the hardware
 // prefetcher alone (decided once per process, below).
 bool prefetch_single_queries();
-
 }  // namespace fd::kernels
 #endif  // FD_KERNELS_ATTENTION_TILE_
 
@@ -43,7 +42,7 @@ namespace fd::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Value rows: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's block
+// Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's block
 // as fp32. Layouts are documented in kernels/kv_format.h.
 struct F16Rows {
   const uint16_t* x;  // [block_tokens][head_dim]
@@ -56,53 +55,54 @@ struct F16Rows {
   }
 };
 
-// s[j][0, kTileT) = qs[j] . k_r for the keys r in [row0, row0 + kTileT) of one kv head's
-// transposed keys kt ([hd][stride] fp16, key r in column r; kernels/kv_format.h): each load
-// gives one dimension of Lanes(dt) consecutive keys, so the scores come out as vectors and need no
-// horizontal sums. U dimensions go to separate accumulators, so that at least about eight FMA
-// chains are in flight.
-template <int NQ, class DT>
-HWY_INLINE void ScoreKeys(DT dt, const uint16_t* HWY_RESTRICT kt, size_t stride, size_t row0,
-                          size_t hd, const float (*qs)[kMaxHeadDim], float (*s)[kTileT],
-                          PacedPrefetch& next) {
-  using V = hn::Vec<DT>;
-  constexpr int NV = static_cast<int>(kTileT / hn::MaxLanes(DT()));  // vectors per key tile
-  constexpr int U = NV * NQ >= 8 ? 1 : NV * NQ >= 4 ? 2 : NV * NQ >= 2 ? 4 : 8;
-  const size_t LT = hn::Lanes(dt);
-  V a[U][NQ][NV];
-#pragma GCC unroll 8
-  for (int u = 0; u < U; ++u)
-#pragma GCC unroll 8
-    for (int j = 0; j < NQ; ++j)
+// out[j] = sum of the lanes of a[j]. Four vectors at a time are transposed-and-added within
+// each 128-bit block, then the blocks are folded: about a third of the work of four reductions.
+template <int NQ, class D>
+HWY_INLINE void LaneSums(D d, const hn::Vec<D>* a, float* out) {
+  int j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (NQ >= 4 && hn::MaxLanes(D()) >= 4) {
+    for (; j + 4 <= NQ; j += 4) {
+      const auto sums = FoldBlocks(d, Sum4InBlocks(d, a[j], a[j + 1], a[j + 2], a[j + 3]));
+      hn::StoreU(sums, hn::DFromV<decltype(sums)>(), out + j);
+    }
+  }
+#endif
+  for (; j < NQ; ++j) out[j] = hn::GetLane(hn::SumOfLanes(d, a[j]));
+}
+
+// sums[p * NQ + j] = q_j . k_(row0 + p) for TP consecutive key rows: each q chunk is loaded
+// once for TP rows, and the TP * NQ accumulators are independent FMA chains.
+template <int NQ, int TP, class Rows, class D>
+HWY_INLINE void ScoreRows(D d, const Rows& kr, size_t row0, const float (*qs)[kMaxHeadDim], size_t hd,
+                          float* sums) {
+  using V = hn::Vec<D>;
+  const size_t L = hn::Lanes(d);
+  V a[TP * NQ];
 #pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) a[u][j][v] = hn::Zero(dt);
-  const auto dim = [&](int u, size_t c) {
-    const uint16_t* row = kt + c * stride + row0;
-    V k[NV];
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) k[v] = LoadF16(dt, row + static_cast<size_t>(v) * LT);
+  for (int i = 0; i < TP * NQ; ++i) a[i] = hn::Zero(d);
+  if (NQ == 1 && hd >= 128) {
+    // Rows in memory order, as the hardware prefetcher wants them: at one query per kv head and
+    // hd 128, attention read about 25 % faster from memory on one core (as fast from cache). At
+    // hd 64 or with more queries the chunk-major order below is faster from cache, no slower from
+    // memory.
+#pragma GCC unroll 4
+    for (int p = 0; p < TP; ++p)
+      for (size_t c = 0; c < hd; c += L) a[p] = hn::MulAdd(hn::Load(d, qs[0] + c), kr.Load(d, row0 + p, c), a[p]);
+    return LaneSums<TP * NQ>(d, a, sums);
+  }
+  for (size_t c = 0; c < hd; c += L) {
+    V k[TP];
+#pragma GCC unroll 4
+    for (int p = 0; p < TP; ++p) k[p] = kr.Load(d, row0 + static_cast<size_t>(p), c);
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
-      const V qc = hn::Set(dt, qs[j][c]);
-#pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) a[u][j][v] = hn::MulAdd(qc, k[v], a[u][j][v]);
+      const V qv = hn::Load(d, qs[j] + c);
+#pragma GCC unroll 4
+      for (int p = 0; p < TP; ++p) a[p * NQ + j] = hn::MulAdd(qv, k[p], a[p * NQ + j]);
     }
-  };
-  size_t c = 0;
-  for (; c + U <= hd; c += U) {
-    if (c % 16 == 0) next.Next();  // one slice per 16 dimensions
-#pragma GCC unroll 8
-    for (int u = 0; u < U; ++u) dim(u, c + static_cast<size_t>(u));
   }
-  for (; c < hd; ++c) dim(0, c);
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) {
-#pragma GCC unroll 8
-      for (int u = 1; u < U; ++u) a[0][j][v] = hn::Add(a[0][j][v], a[u][j][v]);
-      hn::Store(a[0][j][v], dt, s[j] + static_cast<size_t>(v) * LT);
-    }
+  LaneSums<TP * NQ>(d, a, sums);
 }
 
 // One query tile's running state over its keys: scaled queries, unnormalised outputs and the
@@ -114,7 +114,6 @@ struct TileState {
   HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current key tile
   float m[NQ], l[NQ];
   int max_limit = 0;   // keys [0, max_limit) are visible to some query of the tile
-  int min_limit = 0;   // ... and [0, min_limit) to all of them
   size_t head_off = 0;  // bytes from a block's start to the tile's kv head
 };
 
@@ -129,7 +128,6 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
     st.m[j] = -std::numeric_limits<float>::infinity();
     st.l[j] = 0.0f;
     st.max_limit = std::max(st.max_limit, tile.limit[j]);
-    st.min_limit = j == 0 ? tile.limit[j] : std::min(st.min_limit, tile.limit[j]);
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
 }
@@ -143,43 +141,37 @@ template <class Rows, int NQ, class D, class Blocks>
 HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head_bytes, size_t b,
                             size_t hd, TileState<NQ>& st, const uint8_t* kn, const uint8_t* vn) {
   const hn::CappedTag<float, kTileT> dt;
-  const hn::RebindToSigned<decltype(dt)> di;
-  const size_t L = hn::Lanes(d), LT = hn::Lanes(dt);
+  const size_t L = hn::Lanes(d);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  constexpr int TP = NQ == 1 ? 4 : NQ == 2 ? 2 : 1;  // key rows scored per pass
   // Value chunks accumulated per pass. At NQ <= 2 a pass covers a whole row of hd 128 with 16
   // lanes, so the value rows stream in memory order: two passes in column halves over the same
   // rows read 15-20 % slower from memory (measured on AMD EPYC).
   constexpr int CB = NQ <= 2 ? 8 : NQ <= 4 ? 2 : 1;
 
   const size_t row_bytes = (head_bytes + bt - 1) / bt;
-  const auto* kt = reinterpret_cast<const uint16_t*>(Bytes(kv.k[b]) + st.head_off);
-  const Rows vr(Bytes(kv.v[b]) + st.head_off, hd, bt);
+  const Rows kr(Bytes(kv.k[b]) + st.head_off, hd, bt), vr(Bytes(kv.v[b]) + st.head_off, hd, bt);
   const int block_end = static_cast<int>(std::min((b + 1) * bt, static_cast<size_t>(st.max_limit)));
   for (int t0 = static_cast<int>(b * bt); t0 < block_end;) {
     const size_t tb = static_cast<size_t>(t0) - b * bt;
     const int n = std::min(kTileT, block_end - t0);
     const size_t rows_begin = tb * row_bytes, rows_end = (tb + static_cast<size_t>(n)) * row_bytes;
-    PacedPrefetch next_keys(kn, rows_begin, rows_end, (hd + 15) / 16);
-    if (tb + kTileT <= bt) {
-      ScoreKeys<NQ>(dt, kt, bt, tb, hd, st.qs, st.s, next_keys);
-    } else {
-      // The tile reaches past the block's rows (blocks narrower than a tile): score a copy
-      // padded with zeros, so that no load leaves the block.
-      HWY_ALIGN uint16_t pad[kMaxHeadDim * kTileT] = {};
-      for (size_t c = 0; c < hd; ++c)
-        for (int r = 0; r < n; ++r) pad[c * kTileT + static_cast<size_t>(r)] = kt[c * bt + tb + static_cast<size_t>(r)];
-      ScoreKeys<NQ>(dt, pad, kTileT, 0, hd, st.qs, st.s, next_keys);
-    }
-    if (t0 + n > st.min_limit) {  // keys some query must not see
-      const auto neg_inf = hn::Set(dt, -std::numeric_limits<float>::infinity());
-      for (int j = 0; j < NQ; ++j) {
-        const auto limit = hn::Set(di, tile.limit[j]);
-        for (size_t v = 0; v < kTileT; v += LT) {
-          const auto key = hn::Iota(di, t0 + static_cast<int>(v));
-          const auto sv = hn::Load(dt, st.s[j] + v);
-          hn::Store(hn::IfThenElse(hn::RebindMask(dt, hn::Lt(key, limit)), sv, neg_inf), dt, st.s[j] + v);
-        }
+    PacedPrefetch next_keys(kn, rows_begin, rows_end, static_cast<size_t>(n / TP + n % TP));
+    for (int t = 0; t < n;) {
+      next_keys.Next();
+      float sums[TP * NQ];
+      const int rows = t + TP <= n ? TP : 1;  // the last rows of a block go one at a time
+      if (rows == TP)
+        ScoreRows<NQ, TP>(d, kr, tb + static_cast<size_t>(t), st.qs, hd, sums);
+      else
+        ScoreRows<NQ, 1>(d, kr, tb + static_cast<size_t>(t), st.qs, hd, sums);
+      for (int p = 0; p < rows; ++p) {
+        const int tt = t + p;
+#pragma GCC unroll 8
+        for (int j = 0; j < NQ; ++j) st.s[j][tt] = t0 + tt < tile.limit[j] ? sums[p * NQ + j] : neg_inf;
       }
+      t += rows;
     }
     for (int j = 0; j < NQ; ++j) SoftmaxFoldTile(dt, d, st.s[j], n, kTileT, st.m[j], st.l[j], st.acc[j], hd);
     PacedPrefetch next_values(vn, rows_begin, rows_end, CountPasses<CB, 4>(hd, L));
@@ -282,10 +274,10 @@ HWY_EXPORT(AttendHeadsF16Impl);
 HWY_EXPORT(AttendHeadsImpl);
 
 // One query per kv head computes little per byte, so its speed is how well the reads are
-// prefetched. On AMD EPYC (Zen 3/4) the hardware prefetcher alone did better: with software
+// prefetched. On AMD EPYC (Zen 3/4) the hardware prefetcher did better alone: with software
 // prefetch hd 64 read 12-13 GB/s on one core instead of 15-16. On Intel Xeon (Sapphire Rapids)
-// the opposite: the L2 streamer stops at every 4 KiB, and software prefetch of the next rows read
-// 12.5 GB/s instead of 9.9 (hd 64) and 11.2-11.7 instead of 10.1 (hd 128) on one core.
+// the opposite: its L2 streamer stops at every 4 KiB page, and software prefetch of the rows read
+// next made hd 64 read 12.5 GB/s on one core instead of 9.9, hd 128 11.2-11.7 instead of 10.1.
 bool prefetch_single_queries() {
   static const bool fetch = [] {
 #if HWY_ARCH_X86

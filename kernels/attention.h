@@ -12,8 +12,7 @@ struct AttnDims {
 };
 
 // K/V of one sequence and one layer. Block b holds tokens [b*block_tokens, (b+1)*block_tokens);
-// k[b] points at [n_kv_heads][head_dim][block_tokens] fp16 keys (transposed, see
-// kernels/kv_format.h) and v[b] at [n_kv_heads][block_tokens][head_dim] fp16 values.
+// k[b] and v[b] each point at [n_kv_heads][block_tokens][head_dim] fp16 values.
 struct KvBlocksF16 {
   const uint16_t* const* k = nullptr;
   const uint16_t* const* v = nullptr;

@@ -67,7 +67,7 @@ void AttendTileScalar(const Tile& tile, const KvBlocks& kv, size_t head_bytes, i
     float m = -std::numeric_limits<float>::infinity();
     for (int t = 0; t < tile.limit[j]; ++t) {
       const int b = t / kv.block_tokens;
-      f.decode_row(KvSide::key, kv.k[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, k);
+      f.decode_row(kv.k[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, k);
       float dot = 0.0f;
       for (size_t c = 0; c < hd; ++c) dot += static_cast<float>(qi[c]) * k[c];
       s[static_cast<size_t>(t)] = dot * qscale;
@@ -76,7 +76,7 @@ void AttendTileScalar(const Tile& tile, const KvBlocks& kv, size_t head_bytes, i
     float acc[kMaxHeadDim] = {}, l = 0.0f;
     for (int t = 0; t < tile.limit[j]; ++t) {
       const int b = t / kv.block_tokens;
-      f.decode_row(KvSide::value, kv.v[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, v);
+      f.decode_row(kv.v[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, v);
       const float p = std::exp(s[static_cast<size_t>(t)] - m);
       l += p;
       for (size_t c = 0; c < hd; ++c) acc[c] += p * v[c];

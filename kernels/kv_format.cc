@@ -47,22 +47,12 @@ class F16Format final : public KvFormatBase {
   size_t head_block_bytes(int bt, int hd) const override {
     return size_t(bt) * size_t(hd) * sizeof(uint16_t);
   }
-  void encode_row(KvSide side, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
-    if (side == KvSide::value) {
-      copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
-      return;
-    }
-    auto* col = reinterpret_cast<uint16_t*>(hb) + t;
-    for (int i = 0; i < hd; ++i) col[size_t(i) * bt] = src[i];
+  void encode_row(const uint16_t* src, int hd, int, int t, uint8_t* hb) const override {
+    copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
   }
-  void decode_row(KvSide side, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
+  void decode_row(const uint8_t* hb, int hd, int, int t, float* dst) const override {
     uint16_t row[kMaxHeadDim];
-    if (side == KvSide::value) {
-      std::memcpy(row, hb + size_t(t) * hd * sizeof(uint16_t), size_t(hd) * sizeof(uint16_t));
-    } else {
-      const auto* col = reinterpret_cast<const uint16_t*>(hb) + t;
-      for (int i = 0; i < hd; ++i) row[i] = col[size_t(i) * bt];
-    }
+    std::memcpy(row, hb + size_t(t) * hd * sizeof(uint16_t), size_t(hd) * sizeof(uint16_t));
     f16_to_f32(row, dst, size_t(hd));
   }
 };
@@ -75,7 +65,7 @@ class Q8Format final : public QuantFormatBase {
   size_t head_block_bytes(int bt, int hd) const override {
     return round_up(size_t(bt) * (sizeof(float) + size_t(hd)), 64);
   }
-  void encode_row(KvSide, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
+  void encode_row(const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
     float x[kMaxHeadDim];
     f16_to_f32(src, x, size_t(hd));
     float amax = 0.0f;
@@ -87,7 +77,7 @@ class Q8Format final : public QuantFormatBase {
       dst[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
     store_f32(hb + size_t(t) * sizeof(float), scale);
   }
-  void decode_row(KvSide, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
+  void decode_row(const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     const float scale = load_f32(hb + size_t(t) * sizeof(float));
     const auto* x = reinterpret_cast<const int8_t*>(hb + size_t(bt) * sizeof(float) + size_t(t) * hd);
     for (int i = 0; i < hd; ++i) dst[i] = static_cast<float>(x[i]) * scale;
@@ -102,7 +92,7 @@ class Q4Format final : public QuantFormatBase {
   size_t head_block_bytes(int bt, int hd) const override {
     return round_up(detail::q4_data_offset(size_t(bt), size_t(hd) / 32) + size_t(bt) * size_t(hd) / 2, 64);
   }
-  void encode_row(KvSide, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
+  void encode_row(const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
     float x[kMaxHeadDim];
     f16_to_f32(src, x, size_t(hd));
     const size_t groups = size_t(hd) / 32;
@@ -125,7 +115,7 @@ class Q4Format final : public QuantFormatBase {
       std::memcpy(hb + detail::q4_scale_index(size_t(t), g, groups) * sizeof(uint16_t), &half, sizeof half);
     }
   }
-  void decode_row(KvSide, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
+  void decode_row(const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     const size_t groups = size_t(hd) / 32;
     const uint8_t* data = hb + detail::q4_data_offset(size_t(bt), groups) + size_t(t) * (size_t(hd) / 2);
     for (size_t g = 0; g < groups; ++g) {

@@ -1,7 +1,6 @@
 // Pluggable storage formats of the KV-cache. A format fixes how one kv head's rows of a block are
 // laid out (encoded on append) and supplies the attention kernel that reads them.
-//   f16: keys [head_dim][block_tokens] fp16 (transposed: one vector load gives one dimension of
-//        consecutive keys, so scores need no horizontal sums), values [block_tokens][head_dim].
+//   f16: [block_tokens][head_dim] fp16.
 //   q8 : [block_tokens] fp32 scales, then [block_tokens][head_dim] int8; x = q * scale, one
 //        scale per token per kv head (max|x| / 127).
 //   q4 : [ceil(block_tokens/4)][head_dim/32][4] fp16 scales (the scales of four consecutive rows
@@ -9,7 +8,6 @@
 //        [block_tokens][head_dim/32][16] bytes; in group g byte j holds element 32g+j in its low
 //        nibble and 32g+16+j in its high nibble, x = (nibble - 8) * scale with
 //        scale = fp16(max|x in group| / 7).
-// The quantized formats lay out keys and values alike.
 // Attention quantizes the scaled query once per call (q8: int16, q4: int8, one scale per query
 // vector) and scores keys with exact integer dot products; values are accumulated in fp32.
 #pragma once
@@ -21,8 +19,6 @@
 
 namespace fd::kernels {
 
-enum class KvSide : uint8_t { key, value };
-
 class KvFormat {
  public:
   virtual ~KvFormat() = default;
@@ -31,12 +27,12 @@ class KvFormat {
   virtual bool supports(int head_dim) const = 0;
   // Bytes of one kv head's block (q8/q4 round up to 64 so every head starts a cache line).
   virtual size_t head_block_bytes(int block_tokens, int head_dim) const = 0;
-  // Encodes the fp16 row src [head_dim] as row t of a key or value head_block.
-  virtual void encode_row(KvSide side, const uint16_t* src, int head_dim, int block_tokens, int t,
+  // Encodes the fp16 row src [head_dim] as row t of head_block.
+  virtual void encode_row(const uint16_t* src, int head_dim, int block_tokens, int t,
                           uint8_t* head_block) const = 0;
-  // Decodes row t of a key or value head_block into dst [head_dim] (what attention reads).
-  virtual void decode_row(KvSide side, const uint8_t* head_block, int head_dim, int block_tokens,
-                          int t, float* dst) const = 0;
+  // Decodes row t of head_block into dst [head_dim] (the values attention reads).
+  virtual void decode_row(const uint8_t* head_block, int head_dim, int block_tokens, int t,
+                          float* dst) const = 0;
   // Attention of every query row and head reading kv heads [kvh_begin, kvh_end); arguments as in
   // attention(). kv.dtype must be dtype().
   virtual void attend(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d,

@@ -27,14 +27,12 @@ double f16_value(uint16_t h) {
 }
 
 // One sequence's K/V for one layer, stored as separately allocated blocks in the layout the
-// kernel reads (per block, keys [n_kv_heads][head_dim][block_tokens], values
-// [n_kv_heads][block_tokens][head_dim]), plus flat copies for the references.
+// kernel reads ([n_kv_heads][block_tokens][head_dim] per block), plus a flat copy for the reference.
 struct TestKv {
   int n_kv_heads, head_dim, block_tokens, len;
   std::vector<std::vector<uint16_t>> kb, vb;  // [blocks][n_kv_heads * block_tokens * head_dim]
   std::vector<const uint16_t*> kp, vp;
-  std::vector<uint16_t> kh, vh;  // [len][n_kv_heads][head_dim] fp16 bits
-  std::vector<double> k, v;      // the same values
+  std::vector<double> k, v;  // [len][n_kv_heads][head_dim]
 
   TestKv(int nkv, int hd, int bt, int n, uint32_t seed)
       : n_kv_heads(nkv), head_dim(hd), block_tokens(bt), len(n) {
@@ -42,26 +40,21 @@ struct TestKv {
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     const int blocks = (n + bt - 1) / bt;
     const size_t per_block = size_t(nkv) * bt * hd;
-    // NaN padding: unwritten values must be unread, unwritten keys must not reach the output.
-    kb.assign(size_t(blocks), std::vector<uint16_t>(per_block, 0x7E00));
+    kb.assign(size_t(blocks), std::vector<uint16_t>(per_block, 0x7E00));  // NaN padding: must be unread
     vb = kb;
     k.resize(size_t(n) * nkv * hd);
     v.resize(k.size());
-    kh.resize(k.size());
-    vh.resize(k.size());
     for (int t = 0; t < n; ++t)
       for (int h = 0; h < nkv; ++h)
         for (int i = 0; i < hd; ++i) {
           float pair[2] = {dist(rng), dist(rng)};
           uint16_t half[2];
           fd::kernels::f32_to_f16(pair, half, 2);
-          kb[size_t(t / bt)][(size_t(h) * hd + i) * bt + t % bt] = half[0];
-          vb[size_t(t / bt)][(size_t(h) * bt + t % bt) * hd + i] = half[1];
-          const size_t flat = (size_t(t) * nkv + h) * hd + i;
-          kh[flat] = half[0];
-          vh[flat] = half[1];
-          k[flat] = f16_value(half[0]);
-          v[flat] = f16_value(half[1]);
+          const size_t at = (size_t(h) * bt + t % bt) * hd + i;
+          kb[size_t(t / bt)][at] = half[0];
+          vb[size_t(t / bt)][at] = half[1];
+          k[(size_t(t) * nkv + h) * hd + i] = f16_value(half[0]);
+          v[(size_t(t) * nkv + h) * hd + i] = f16_value(half[1]);
         }
     for (int b = 0; b < blocks; ++b) {
       kp.push_back(kb[size_t(b)].data());
@@ -221,12 +214,12 @@ struct QuantKv {
       for (int h = 0; h < nkv; ++h) {
         uint8_t* kh = kb[size_t(t / bt)].data() + size_t(h) * hb;
         uint8_t* vh = vb[size_t(t / bt)].data() + size_t(h) * hb;
-        const size_t at = (size_t(t) * nkv + h) * hd;
-        f.encode_row(fd::kernels::KvSide::key, src.kh.data() + at, hd, bt, t % bt, kh);
-        f.encode_row(fd::kernels::KvSide::value, src.vh.data() + at, hd, bt, t % bt, vh);
-        f.decode_row(fd::kernels::KvSide::key, kh, hd, bt, t % bt, row.data());
+        const size_t at = (size_t(h) * bt + t % bt) * hd;
+        f.encode_row(src.kb[size_t(t / bt)].data() + at, hd, bt, t % bt, kh);
+        f.encode_row(src.vb[size_t(t / bt)].data() + at, hd, bt, t % bt, vh);
+        f.decode_row(kh, hd, bt, t % bt, row.data());
         for (int i = 0; i < hd; ++i) kq[(size_t(t) * nkv + h) * hd + i] = row[size_t(i)];
-        f.decode_row(fd::kernels::KvSide::value, vh, hd, bt, t % bt, row.data());
+        f.decode_row(vh, hd, bt, t % bt, row.data());
         for (int i = 0; i < hd; ++i) vq[(size_t(t) * nkv + h) * hd + i] = row[size_t(i)];
       }
     for (int b = 0; b < blocks; ++b) {

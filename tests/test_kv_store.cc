@@ -49,11 +49,9 @@ void check_contents(const fd::KvStore& s, uint64_t seq, int layer) {
   for (int t = 0; t < kv.len; ++t)
     for (int h = 0; h < c.n_kv_heads; ++h)
       for (int i = 0; i < c.head_dim; ++i) {
-        // Keys transposed ([head][dim][token]), values row-major ([head][token][dim]).
-        const size_t kat = (size_t(h) * c.head_dim + i) * c.block_tokens + t % c.block_tokens;
-        const size_t vat = (size_t(h) * c.block_tokens + t % c.block_tokens) * c.head_dim + i;
-        bad += kv.k[t / c.block_tokens][kat] != tag(seq, layer, 0, t, h, i);
-        bad += kv.v[t / c.block_tokens][vat] != tag(seq, layer, 1, t, h, i);
+        const size_t at = (size_t(h) * c.block_tokens + t % c.block_tokens) * c.head_dim + i;
+        bad += kv.k[t / c.block_tokens][at] != tag(seq, layer, 0, t, h, i);
+        bad += kv.v[t / c.block_tokens][at] != tag(seq, layer, 1, t, h, i);
       }
   CHECK(bad == 0);
 }
@@ -221,13 +219,12 @@ TEST_CASE("attention over a KvStore view matches attention over the same blocks"
   }
   s.append(3, 0, 0, k.data(), v.data(), 20);
   s.append(3, 0, 20, k.data() + 20 * 128, v.data() + 20 * 128, len - 20);
-  // The same data laid out by hand: block b, head h, token t, dimension i at
-  // ((h * 64) + i) * 16 + t % 16 for keys and ((h * 16) + t % 16) * 64 + i for values.
+  // The same data laid out by hand: block b, head h, token t at ((h * 16) + t % 16) * 64.
   std::vector<std::vector<uint16_t>> kb(4, std::vector<uint16_t>(2 * 16 * 64)), vb = kb;
   for (int t = 0; t < len; ++t)
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 64; ++i) {
-        kb[t / 16][(h * 64 + i) * 16 + t % 16] = k[(size_t(t) * 2 + h) * 64 + i];
+        kb[t / 16][(h * 16 + t % 16) * 64 + i] = k[(size_t(t) * 2 + h) * 64 + i];
         vb[t / 16][(h * 16 + t % 16) * 64 + i] = v[(size_t(t) * 2 + h) * 64 + i];
       }
   std::vector<const uint16_t*> kp, vp;
@@ -279,11 +276,10 @@ TEST_CASE("KvStore with a quantized dtype encodes rows through its KvFormat", "[
         for (int which = 0; which < 2; ++which) {
           const uint8_t* block = (which == 0 ? kv.k : kv.v)[t / 16] + size_t(h) * hb;
           const uint16_t* src = (which == 0 ? k : v).data() + (size_t(t) * 2 + h) * 64;
-          const auto side = which == 0 ? fd::kernels::KvSide::key : fd::kernels::KvSide::value;
-          f.encode_row(side, src, 64, 16, t % 16, expect.data());
+          f.encode_row(src, 64, 16, t % 16, expect.data());
           std::vector<float> got(64), want(64);
-          f.decode_row(side, block, 64, 16, t % 16, got.data());
-          f.decode_row(side, expect.data(), 64, 16, t % 16, want.data());
+          f.decode_row(block, 64, 16, t % 16, got.data());
+          f.decode_row(expect.data(), 64, 16, t % 16, want.data());
           bad += got != want;
         }
     CHECK(bad == 0);
