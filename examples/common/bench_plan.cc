@@ -69,8 +69,9 @@ struct ShardCosts {
   double empty = 0;  // an empty request's round trip
 };
 
-// One shard request per layer for B one-token sequences, payloads gathered from a step's
-// Q/K/V and the reply scattered back, as the mini-batch does.
+// One shard request per layer for B one-token sequences. With several shards the mini-batch
+// gathers each request's payloads from the step's Q/K/V and scatters the replies back, so those
+// copies are timed; one shard gets the step's buffers whole and its reply moves back.
 ShardCosts measure_shard(caf::actor_system& sys, const PlanRunConfig& cfg) {
   const ModelConfig& m = cfg.shape;
   const size_t rows = static_cast<size_t>(cfg.schedule.batch);
@@ -90,14 +91,19 @@ ShardCosts measure_shard(caf::actor_system& sys, const PlanRunConfig& cfg) {
     // a reserve); the timed ones rewrite position 1 as a decode step writes its token.
     const int32_t pos = i < m.n_layers ? 0 : 1;
     for (size_t r = 0; r < rows; ++r) req.seqs.push_back(seq_rows{r + 1, pos, 1});
+    const bool gather = cfg.shards > 1;
+    auto fill = [&] {
+      req.q = to_bytes(q.data(), q.size());
+      req.k = to_bytes(kv.data(), kv.size());
+      req.v = to_bytes(kv.data(), kv.size());
+    };
+    if (!gather) fill();
     const auto t0 = Clock::now();
-    req.q = to_bytes(q.data(), q.size());
-    req.k = to_bytes(kv.data(), kv.size());
-    req.v = to_bytes(kv.data(), kv.size());
+    if (gather) fill();
     self->request(shard, std::chrono::seconds(30), std::move(req))
         .receive(
             [&](attn_reply& r) {
-              std::copy_n(as<float>(r.o), o.size(), o.data());
+              if (gather) std::copy_n(as<float>(r.o), o.size(), o.data());
               const double rtt = since(t0), compute = r.compute_us * 1e-6;
               if (i >= m.n_layers) {  // the first pass reserves the pages
                 hop.push_back(std::max(0.0, rtt - compute));
