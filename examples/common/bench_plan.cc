@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "actors/gpu_stream.h"
 #include "actors/rworker_shard.h"
@@ -295,6 +296,10 @@ int bench_plan_main(int argc, char** argv) {
   cfg.shape.ff = cfg.shape.dim;  // the simulated S-part never reads the MLP
 
   const PlanVsRun r = plan_vs_run(cfg);
+  // The model's R-workers have CPUs of their own, as on separate nodes; here the shards' threads
+  // share this machine's cores with the S side's actors and the simulated device's spin.
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const bool colocated = cfg.shards + 1 > cores;
   const RunCosts& c = r.costs;
   const RunPrediction& p = r.predicted;
   const ScheduleSummary& s = r.summary;
@@ -325,6 +330,7 @@ int bench_plan_main(int argc, char** argv) {
                      .add("s_idle_frac", s.s_idle_frac)
                      .add("r_idle_frac", s.r_idle_frac)
                      .add("wall_s", r.run.wall_s)
+                     .add("colocated", int64_t{colocated})
                      .str()
               << std::endl;
     return 0;
@@ -340,6 +346,11 @@ int bench_plan_main(int argc, char** argv) {
               r.measured_tokens_per_s, s.s_layer_ms, s.r_layer_ms, s.r_compute_layer_ms, 100 * s.s_idle_frac,
               100 * s.r_idle_frac, r.run.wall_s);
   std::printf("predicted / measured = %.3f\n", r.ratio);
+  if (colocated)
+    std::printf("note: %d shard thread(s) and the S side share %d core(s); the model gives R-workers "
+                "CPUs of their own, so the run's R is slower than predicted (leave a core to the S "
+                "side: --shards %d)\n",
+                cfg.shards, cores, std::max(1, cores - 1));
   return 0;
 }
 
