@@ -39,21 +39,26 @@ void write_small(const lane::Socket& s, FrameKind kind, uint64_t ticket, const B
   lane::write_frame(s, kind, ticket, 0, meta, nullptr);
 }
 
+// A lane's socket and the thread that reads it: shutting the socket down ends the thread.
+struct LaneEnd {
+  std::shared_ptr<lane::Socket> sock;
+  std::thread reader;
+  ~LaneEnd() {
+    if (sock) sock->shutdown();
+    if (reader.joinable()) reader.join();
+  }
+};
+
 // ---- gpu side: one lane actor per cpu node ------------------------------------------------
 
 struct LaneState {
-  std::shared_ptr<lane::Socket> sock;
-  std::thread reader;
+  LaneEnd end;
   std::unordered_map<uint64_t, caf::typed_response_promise<attn_reply>> pending;  // by ticket
   uint64_t next_ticket = 0;
   caf::timespan timeout{};
   std::string node;
   bool claimed = false;
   size_t watched = 0;  // lane shards still alive
-  ~LaneState() {
-    if (sock) sock->shutdown();  // the reader returns from its read
-    if (reader.joinable()) reader.join();
-  }
   static inline const char* name = "data_lane";
 };
 
@@ -98,10 +103,10 @@ void close_lane(lane_ptr self, const std::string& why) {
 lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<lane::Socket> sock,
                                         std::string node, caf::timespan timeout) {
   auto& st = self->state;
-  st.sock = sock;
+  st.end.sock = sock;
   st.node = std::move(node);
   st.timeout = timeout;
-  st.reader = std::thread(read_answers, std::ref(self->system()), sock, caf::actor_cast<lane_actor>(self));
+  st.end.reader = std::thread(read_answers, std::ref(self->system()), sock, caf::actor_cast<lane_actor>(self));
   self->delayed_send(self, kClaimTimeout, expire_atom::value, uint64_t{0});
   self->set_down_handler([self](caf::down_msg&) {
     if (--self->state.watched == 0) close_lane(self, "its shards are gone");
@@ -113,7 +118,7 @@ lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<lane::Soc
         try {
           const Buffer meta = encode(self->system(), req.step, req.layer, req.seqs);
           const Buffer* payload[lane::kPayloads] = {&req.q, &req.k, &req.v};
-          lane::write_frame(*st.sock, FrameKind::request, ticket, static_cast<uint32_t>(shard), meta, payload);
+          lane::write_frame(*st.end.sock, FrameKind::request, ticket, static_cast<uint32_t>(shard), meta, payload);
         } catch (const Error& e) {
           close_lane(self, e.what());
           return caf::make_error(caf::sec::request_receiver_down, e.what());
@@ -188,14 +193,9 @@ shard_actor::behavior_type lane_shard_behavior(shard_actor::stateful_pointer<Lan
 // ---- cpu side: the lane server ----------------------------------------------------------------
 
 struct LaneServerState {
-  std::shared_ptr<lane::Socket> sock;
-  std::thread reader;
+  LaneEnd end;
   std::vector<shard_actor> shards;
   caf::timespan timeout{};
-  ~LaneServerState() {
-    if (sock) sock->shutdown();
-    if (reader.joinable()) reader.join();
-  }
   static inline const char* name = "data_lane_server";
 };
 
@@ -230,9 +230,9 @@ void answer(server_ptr self, uint64_t ticket, attn_reply* reply, caf::error* err
     if (reply != nullptr) {
       const Buffer meta = encode(self->system(), reply->step, reply->layer, reply->compute_us);
       const Buffer* payload[lane::kPayloads] = {&reply->o, nullptr, nullptr};
-      lane::write_frame(*st.sock, FrameKind::reply, ticket, 0, meta, payload);
+      lane::write_frame(*st.end.sock, FrameKind::reply, ticket, 0, meta, payload);
     } else {
-      write_small(*st.sock, FrameKind::failure, ticket, encode(self->system(), *err));
+      write_small(*st.end.sock, FrameKind::failure, ticket, encode(self->system(), *err));
     }
   } catch (const Error& e) {
     std::cerr << "data lane: " << e.what() << "\n";
@@ -244,10 +244,10 @@ lane_server_actor::behavior_type lane_server_behavior(server_ptr self, std::shar
                                                       std::vector<shard_actor> shards,
                                                       caf::timespan timeout) {
   auto& st = self->state;
-  st.sock = sock;
+  st.end.sock = sock;
   st.shards = std::move(shards);
   st.timeout = timeout;
-  st.reader = std::thread(read_requests, std::ref(self->system()), sock,
+  st.end.reader = std::thread(read_requests, std::ref(self->system()), sock,
                           caf::actor_cast<lane_server_actor>(self));
   return {
       [self](lane_request& r) {
