@@ -64,30 +64,37 @@ struct LaneState {
 
 using lane_ptr = lane_actor::stateful_pointer<LaneState>;
 
-// Reads the cpu node's answers until the connection ends, then says why.
-void read_answers(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_actor lane) {
-  std::string why = "the cpu node closed its data lane";
+// Hands each frame that arrives to `message` (which throws fd::Error for one it cannot take) and
+// sends what it makes to `to`, until the connection ends; then tells `to` why.
+template <class Actor, class Message>
+void read_frames(std::shared_ptr<lane::Socket> sock, Actor to, const char* closed, Message message) {
+  std::string why = closed;
   try {
     lane::Frame f;
-    while (lane::read_frame(*sock, f)) {
-      lane_answer a;
-      a.ticket = f.ticket;
-      if (f.kind == FrameKind::reply) {
-        if (!decode(sys, f.meta, a.reply.step, a.reply.layer, a.reply.compute_us))
-          throw Error("data lane: malformed reply from the cpu node");
-        a.reply.o = std::move(f.payload[0]);
-      } else if (f.kind == FrameKind::failure) {
-        if (!decode(sys, f.meta, a.error) || !a.error)
-          throw Error("data lane: malformed failure from the cpu node");
-      } else {
-        throw Error("data lane: unexpected frame from the cpu node");
-      }
-      caf::anon_send(lane, std::move(a));
-    }
+    while (lane::read_frame(*sock, f)) caf::anon_send(to, message(f));
   } catch (const Error& e) {
     why = e.what();
   }
-  caf::anon_send(lane, lane_closed{why});
+  caf::anon_send(to, lane_closed{why});
+}
+
+// The cpu node's answers.
+void read_answers(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_actor lane) {
+  read_frames(std::move(sock), std::move(lane), "the cpu node closed its data lane", [&](lane::Frame& f) {
+    lane_answer a;
+    a.ticket = f.ticket;
+    if (f.kind == FrameKind::reply) {
+      if (!decode(sys, f.meta, a.reply.step, a.reply.layer, a.reply.compute_us))
+        throw Error("data lane: malformed reply from the cpu node");
+      a.reply.o = std::move(f.payload[0]);
+    } else if (f.kind == FrameKind::failure) {
+      if (!decode(sys, f.meta, a.error) || !a.error)
+        throw Error("data lane: malformed failure from the cpu node");
+    } else {
+      throw Error("data lane: unexpected frame from the cpu node");
+    }
+    return a;
+  });
 }
 
 // Fails every request in flight as if its shard had gone down (the micro-batch then re-places
@@ -201,26 +208,20 @@ struct LaneServerState {
 
 using server_ptr = lane_server_actor::stateful_pointer<LaneServerState>;
 
+// The gpu node's requests.
 void read_requests(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_server_actor server) {
-  std::string why = "the gpu node closed the data lane";
-  try {
-    lane::Frame f;
-    while (lane::read_frame(*sock, f)) {
-      if (f.kind != FrameKind::request) throw Error("data lane: unexpected frame from the gpu node");
-      lane_request r;
-      r.ticket = f.ticket;
-      r.shard = static_cast<int32_t>(f.target);
-      if (!decode(sys, f.meta, r.req.step, r.req.layer, r.req.seqs))
-        throw Error("data lane: malformed request from the gpu node");
-      r.req.q = std::move(f.payload[0]);
-      r.req.k = std::move(f.payload[1]);
-      r.req.v = std::move(f.payload[2]);
-      caf::anon_send(server, std::move(r));
-    }
-  } catch (const Error& e) {
-    why = e.what();
-  }
-  caf::anon_send(server, lane_closed{why});
+  read_frames(std::move(sock), std::move(server), "the gpu node closed the data lane", [&](lane::Frame& f) {
+    if (f.kind != FrameKind::request) throw Error("data lane: unexpected frame from the gpu node");
+    lane_request r;
+    r.ticket = f.ticket;
+    r.shard = static_cast<int32_t>(f.target);
+    if (!decode(sys, f.meta, r.req.step, r.req.layer, r.req.seqs))
+      throw Error("data lane: malformed request from the gpu node");
+    r.req.q = std::move(f.payload[0]);
+    r.req.k = std::move(f.payload[1]);
+    r.req.v = std::move(f.payload[2]);
+    return r;
+  });
 }
 
 // Writes one answer; a connection that fails ends the server (the gpu node then sees it close).
