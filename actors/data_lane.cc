@@ -15,6 +15,7 @@ using lane::FrameKind;
 
 constexpr auto kHandshakeTimeout = 5s;  // for a connecting peer to say hello
 constexpr auto kClaimTimeout = 60s;     // for a welcomed node to register its shards
+constexpr size_t kMaxHello = 64 << 10;  // bytes of a hello's metadata
 
 std::chrono::milliseconds ms(caf::timespan t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t);
@@ -74,6 +75,8 @@ void read_frames(std::shared_ptr<lane::Socket> sock, Actor to, const char* close
     while (lane::read_frame(*sock, f)) caf::anon_send(to, message(f));
   } catch (const Error& e) {
     why = e.what();
+  } catch (const std::exception& e) {  // e.g. no memory for a frame: the lane closes, nothing else
+    why = std::string("data lane: cannot take a frame: ") + e.what();
   }
   caf::anon_send(to, lane_closed{why});
 }
@@ -313,7 +316,8 @@ void LaneAcceptor::handshake(lane::Socket s) {
   std::string why;
   try {
     lane::Frame f;
-    if (!lane::read_frame(s, f)) return;
+    // A hello is small and carries no tensors: a stranger gets nothing allocated beyond that.
+    if (!lane::read_frame(s, f, kMaxHello, 0)) return;
     if (f.kind != FrameKind::hello || !decode(sys_, f.meta, h))
       why = "the peer did not begin with a lane hello";
     else if (h.version != kProtocolVersion)
@@ -325,7 +329,7 @@ void LaneAcceptor::handshake(lane::Socket s) {
       why = "the node joined an earlier run of this gpu node";
     else if (h.key == 0)
       why = "the hello names no lane key";
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     why = e.what();
   }
   if (!why.empty()) {

@@ -219,14 +219,14 @@ void write_frame(const Socket& s, FrameKind kind, uint64_t ticket, uint32_t targ
   }
 }
 
-bool read_frame(const Socket& s, Frame& out) {
+bool read_frame(const Socket& s, Frame& out, size_t max_meta, uint64_t max_payload) {
   Header h{};
   if (!read_exact(s.fd(), reinterpret_cast<char*>(&h), sizeof h, true)) return false;
   if (h.magic != kMagic) throw Error("data lane: the peer does not speak the lane protocol");
   if (!known_kind(h.kind)) throw Error("data lane: unknown frame kind " + std::to_string(h.kind));
-  if (h.meta_bytes > kMaxMeta) throw Error("data lane: frame metadata too large");
+  if (h.meta_bytes > std::min(max_meta, kMaxMeta)) throw Error("data lane: frame metadata too large");
   for (uint64_t b : h.payload_bytes)
-    if (b > kMaxPayload) throw Error("data lane: tensor payload too large");
+    if (b > std::min(max_payload, kMaxPayload)) throw Error("data lane: tensor payload too large");
   out.kind = static_cast<FrameKind>(h.kind);
   out.ticket = h.ticket;
   out.target = h.target;

@@ -70,7 +70,9 @@ void write_frame(const Socket& s, FrameKind kind, uint64_t ticket, uint32_t targ
                  const Buffer* const payload[kPayloads]);
 // Reads one frame whole. False when the peer closed the connection between frames; throws
 // fd::Error for a broken or timed-out connection and for a malformed frame (wrong magic, unknown
-// kind, sizes beyond the limits above).
-bool read_frame(const Socket& s, Frame& out);
+// kind, sizes beyond the limits above or beyond max_meta and max_payload, which a peer not yet
+// trusted gets small: nothing is allocated for a frame before its sizes are checked).
+bool read_frame(const Socket& s, Frame& out, size_t max_meta = kMaxMeta,
+                uint64_t max_payload = kMaxPayload);
 
 }  // namespace fd::lane

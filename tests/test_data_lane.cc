@@ -172,6 +172,19 @@ TEST_CASE("the data lane refuses a wrong secret, version or run and stays open f
   CHECK(refusal({"s3cret", fd::kProtocolVersion, kRun + 1, 1, "n"}).find("earlier run") != std::string::npos);
   CHECK(refusal({"s3cret", fd::kProtocolVersion, kRun, 0, "n"}).find("no lane key") != std::string::npos);
   CHECK_FALSE(fx.acceptor->registry()->take(1));  // nothing refused got through
+  {  // A stranger's hello that announces a tensor is refused before anything is allocated for it.
+    auto big = fd::lane::connect_tcp("127.0.0.1", fx.acceptor->port());
+    std::vector<char> h(48, 0);
+    const uint32_t magic = 0x4C444446, kind = 1;
+    const uint64_t huge = uint64_t(1) << 31;
+    std::memcpy(h.data(), &magic, 4);
+    std::memcpy(h.data() + 4, &kind, 4);
+    std::memcpy(h.data() + 24, &huge, 8);
+    REQUIRE(::write(big.fd(), h.data(), h.size()) == static_cast<ssize_t>(h.size()));
+    fd::lane::Frame f;
+    REQUIRE(fd::lane::read_frame(big, f));
+    CHECK(f.kind == FrameKind::refused);
+  }
   {  // A peer that sends junk is dropped.
     auto junk = fd::lane::connect_tcp("127.0.0.1", fx.acceptor->port());
     const char bytes[64] = "GET / HTTP/1.0\r\n\r\n";
