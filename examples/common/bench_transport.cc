@@ -25,6 +25,7 @@
 
 #include "actors/data_lane.h"
 #include "actors/system.h"
+#include "runtime/lane_socket.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "examples/common/json.h"
@@ -144,33 +145,6 @@ void no_delay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-int listen_loopback(uint16_t& port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Error(std::string("cannot create a socket: ") + std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw Error(std::string("cannot listen on 127.0.0.1: ") + std::strerror(errno));
-  port = ntohs(a.sin_port);
-  return fd;
-}
-
-int connect_loopback(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
-    throw Error("cannot connect to 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno));
-  no_delay(fd);
-  return fd;
-}
-
 // The far side of the TCP path: reads each payload whole into one reused buffer (as a receiver
 // of tensors would), then answers with one byte or the payload.
 void serve_raw(int listen_fd) {
@@ -225,7 +199,7 @@ int serve_main(const Options& o) {
   auto port = sys.middleman().publish(sink, 0, "127.0.0.1", true);
   if (!port) throw Error("cannot publish the sink actor: " + sys.render(port.error()));
   uint16_t raw_port = 0;
-  const int lfd = listen_loopback(raw_port);
+  const int lfd = lane::listen_tcp("127.0.0.1", raw_port).release();
   std::thread raw([lfd] { serve_raw(lfd); });
   std::printf("%u %u\n", static_cast<unsigned>(*port), static_cast<unsigned>(raw_port));
   std::fflush(stdout);
@@ -341,7 +315,7 @@ class Paths {
     // micro-batch's request would): the far side still checks it against shard_actor.
     lane_ = caf::actor_cast<caf::actor>(front_);
     basp_ = caf::actor_cast<caf::actor>(*sink);
-    raw_ = connect_loopback(server.raw_port);
+    raw_ = lane::connect_tcp("127.0.0.1", server.raw_port).release();  // TCP_NODELAY set
   }
   ~Paths() {
     ::close(raw_);
