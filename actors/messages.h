@@ -1,8 +1,6 @@
 // Every message the actors exchange. Tensor payloads travel as `bytes` (std::vector<char>), which
 // CAF serializes as one raw block; typed vectors such as vector<uint16_t> would go element by element.
 #pragma once
-#include <sys/mman.h>
-
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -16,6 +14,7 @@
 #include "caf/replies_to.hpp"
 #include "caf/serializer_impl.hpp"
 #include "caf/typed_actor.hpp"
+#include "runtime/tensor_memory.h"
 
 namespace fd {
 
@@ -306,22 +305,7 @@ typename Inspector::result_type inspect(Inspector& f, seq_rows& x) {
   return f(caf::meta::type_name("seq_rows"), x.seq, x.pos0, x.n);
 }
 // Tensor payloads that cross nodes. On the wire each is exactly a `bytes` (length, then one raw
-// block), but CAF's buffers for them are sized at once, in memory the kernel may back with 2 MiB
-// pages: a fresh multi-MiB buffer otherwise takes a page fault per 4 KiB as it is filled, which
-// was about a quarter of the actor path's time for 64 MiB payloads.
-constexpr size_t kHugePage = size_t(2) << 20;
-
-// Empty (or kept) contents, capacity >= cap; fresh memory gets the huge-page hint.
-inline void reserve_huge(bytes& b, size_t cap) {
-  if (b.capacity() >= cap) return;
-  bytes fresh;
-  fresh.reserve(cap);  // allocated, not yet touched
-  const auto p = reinterpret_cast<uintptr_t>(fresh.data());
-  const uintptr_t lo = (p + kHugePage - 1) & ~(kHugePage - 1), hi = (p + cap) & ~(kHugePage - 1);
-  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint only
-  fresh.assign(b.begin(), b.end());
-  b.swap(fresh);
-}
+// block), but CAF's buffers for them are sized at once, with the huge-page hint (reserve_huge).
 
 // Saving: room for `n` more bytes in CAF's output buffer, reserved once for the whole message.
 template <class Inspector>

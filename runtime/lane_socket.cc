@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -15,12 +14,12 @@
 #include <cstring>
 
 #include "runtime/error.h"
+#include "runtime/tensor_memory.h"
 
 namespace fd::lane {
 namespace {
 
 constexpr uint32_t kMagic = 0x4C444446;  // "FDDL" in memory order
-constexpr size_t kHugePage = size_t(2) << 20;
 
 // On the wire, little-endian as every supported host is.
 struct Header {
@@ -37,17 +36,13 @@ std::string sys_error(const char* what) { return std::string(what) + ": " + std:
 
 bool known_kind(uint32_t k) { return k >= uint32_t(FrameKind::hello) && k <= uint32_t(FrameKind::failure); }
 
-// Room for n bytes in b, whose old contents do not matter. Large buffers get the kernel's 2 MiB
-// pages where it has them: a fresh multi-MiB buffer otherwise takes a page fault per 4 KiB.
+// Room for n bytes in b, whose old contents do not matter; large buffers get huge pages.
 void reserve_for_read(Buffer& b, size_t n) {
   b.clear();
-  if (b.capacity() >= n) return;
-  Buffer fresh;
-  fresh.reserve(n);
-  const auto p = reinterpret_cast<uintptr_t>(fresh.data());
-  const uintptr_t lo = (p + kHugePage - 1) & ~(kHugePage - 1), hi = (p + n) & ~(kHugePage - 1);
-  if (n >= 2 * kHugePage && hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-  b.swap(fresh);
+  if (n >= 2 * kHugePage)
+    reserve_huge(b, n);
+  else
+    b.reserve(n);
 }
 
 // Reads exactly n bytes. False when the peer closed before the first byte and `eof_ok`.

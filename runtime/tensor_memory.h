@@ -1,5 +1,8 @@
-// Process-wide allocator settings for a serving process.
+// Memory for tensor buffers: process-wide allocator settings, and large buffers backed by 2 MiB
+// pages where the kernel has them.
 #pragma once
+#include <cstddef>
+#include <vector>
 
 namespace fd {
 
@@ -12,5 +15,12 @@ namespace fd {
 // (small allocations still go through glibc's per-thread caches). Call at the start of main,
 // before any thread starts. A no-op on other C libraries.
 void reuse_tensor_memory();
+
+constexpr size_t kHugePage = size_t(2) << 20;
+
+// Capacity >= cap, contents kept. Fresh memory gets the huge-page hint (a hint only): a fresh
+// multi-MiB buffer otherwise takes a page fault per 4 KiB as it is filled, which was about a
+// quarter of the time of a 64 MiB payload through CAF.
+void reserve_huge(std::vector<char>& b, size_t cap);
 
 }  // namespace fd
