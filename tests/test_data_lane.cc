@@ -74,11 +74,12 @@ struct LaneFixture {
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   std::unique_ptr<fd::LaneAcceptor> acceptor;
-  LaneFixture() {
+  // `timeout`: how long a request through the lane may wait for its answer.
+  explicit LaneFixture(caf::timespan timeout = std::chrono::seconds(10)) {
     fd::configure_caf(cfg, 2);
     sys = std::make_unique<caf::actor_system>(cfg);
     acceptor = std::make_unique<fd::LaneAcceptor>(
-        *sys, fd::LaneAcceptorConfig{"127.0.0.1", 0, "s3cret", kRun, std::chrono::seconds(10), false});
+        *sys, fd::LaneAcceptorConfig{"127.0.0.1", 0, "s3cret", kRun, timeout, false});
   }
   fd::lane_server_actor connect(fd::lane_hello h, std::vector<fd::shard_actor> shards) {
     return fd::connect_lane(*sys, "127.0.0.1", acceptor->port(), h, std::move(shards),
@@ -207,7 +208,7 @@ TEST_CASE("attention through a lane shard equals the shard's own answer; the lan
   auto lane = fx.acceptor->registry()->take(5);
   REQUIRE(lane);
   auto front = fd::spawn_lane_shard(*fx.sys, far, lane, 0);
-  self->send(lane, fd::watch_atom::value, std::vector<fd::shard_actor>{front});
+  self->send(lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{front});
 
   for (int rows : {3, 1}) {  // a prefill, then one decode step
     auto r = random_request(rows, static_cast<uint32_t>(rows));
@@ -236,4 +237,74 @@ TEST_CASE("attention through a lane shard equals the shard's own answer; the lan
   CHECK(down);
   caf::anon_send_exit(far, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(direct, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("requests through one lane from several threads each get their own answer", "[lane]") {
+  LaneFixture fx;
+  auto far0 = fd::spawn_shard(*fx.sys, shard_config("far0")), far1 = fd::spawn_shard(*fx.sys, shard_config("far1"));
+  auto near0 = fd::spawn_shard(*fx.sys, shard_config("near0")), near1 = fd::spawn_shard(*fx.sys, shard_config("near1"));
+  auto server = fx.connect({"s3cret", fd::kProtocolVersion, kRun, 6, "cpu"}, {far0, far1});
+  auto lane = fx.acceptor->registry()->take(6);
+  REQUIRE(lane);
+  std::vector<fd::shard_actor> fronts{fd::spawn_lane_shard(*fx.sys, far0, lane, 0),
+                                      fd::spawn_lane_shard(*fx.sys, far1, lane, 1)};
+  caf::anon_send(lane.actor, fd::watch_atom::value, fronts);
+  // Each thread drives its own sequence on its own shard pair: prefill, then decode steps, so
+  // every answer depends on the KV-cache its own earlier requests built.
+  std::vector<int> mismatches(2, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      caf::scoped_actor self{*fx.sys};
+      const auto& near = t == 0 ? near0 : near1;
+      for (int i = 0; i < 20; ++i) {
+        auto r = random_request(i == 0 ? 5 : 1, static_cast<uint32_t>(100 * t + i));
+        r.seqs[0].pos0 = i == 0 ? 0 : 4 + i;
+        const auto a = ask(self, fronts[static_cast<size_t>(t)], r), b = ask(self, near, r);
+        if (a.o != b.o || a.o.empty()) ++mismatches[static_cast<size_t>(t)];
+      }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(mismatches == std::vector<int>{0, 0});
+  for (auto& a : {far0, far1, near0, near1}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+}
+
+// A shard that never answers.
+fd::shard_actor::behavior_type mute_shard() {
+  return {
+      [](fd::attn_request&) -> caf::result<fd::attn_reply> { return caf::delegated<fd::attn_reply>(); },
+      [](fd::drop_atom, uint64_t) {},
+      [](fd::stats_atom) { return fd::shard_stats{}; },
+  };
+}
+
+TEST_CASE("a lane request without an answer times out; one for a shard the node lacks fails", "[lane]") {
+  LaneFixture fx(std::chrono::milliseconds(300));
+  caf::scoped_actor self{*fx.sys};
+  auto mute = fx.sys->spawn(mute_shard);
+  auto server = fx.connect({"s3cret", fd::kProtocolVersion, kRun, 8, "cpu"}, {mute});
+  auto lane = fx.acceptor->registry()->take(8);
+  REQUIRE(lane);
+  auto front = fd::spawn_lane_shard(*fx.sys, mute, lane, 0);
+  auto stray = fd::spawn_lane_shard(*fx.sys, mute, lane, 3);  // the node has no shard 3
+  caf::anon_send(lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{front, stray});
+  const auto error_of = [&](const fd::shard_actor& to) {
+    std::string err;
+    self->request(to, std::chrono::seconds(10), random_request(1, 1))
+        .receive([](fd::attn_reply&) {}, [&](caf::error& e) { err = fx.sys->render(e); });
+    return err;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string late = error_of(front);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(late);
+  CHECK(late.find("request_timeout") != std::string::npos);
+  CHECK(waited >= 0.3);
+  CHECK(waited < 3.0);  // the lane's deadline, not the requester's 10 s
+  const std::string lacking = error_of(stray);
+  INFO(lacking);
+  CHECK(lacking.find("has no shard 3") != std::string::npos);
+  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(mute, caf::exit_reason::user_shutdown);
 }
