@@ -181,7 +181,7 @@ TEST_CASE("load control never plans above W_lim for random shapes, arrivals and 
   }
 }
 
-TEST_CASE("large batch waits for the whole batch; an over-long sequence still runs alone", "[schedule]") {
+TEST_CASE("large batch waits for the whole batch, an over-long sequence still runs alone", "[schedule]") {
   auto reqs = full_length(8, 10);
   reqs[1].actual_steps = 3;  // the batch is done only when its longest member is
   const auto tr = fd::simulate_schedule(schedule(ScheduleKind::large_batch, 4, 10, 2), reqs, 20);

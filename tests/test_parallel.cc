@@ -356,7 +356,7 @@ TEST_CASE("pipeline parallelism over 2 and 4 stages matches one S-worker", "[par
   }
 }
 
-TEST_CASE("set_x checks a step like embed; backends without it say so", "[parallel]") {
+TEST_CASE("set_x checks a step like embed, backends without it say so", "[parallel]") {
   const fd::Model m = fd::make_random_model(config(1, 64, 4, 4, 128, 300), 5);
   auto backend = fd::make_cpu_backend(m);
   auto state = backend->make_state();

@@ -54,7 +54,7 @@ TEST_CASE("plan: without a limit, the smallest B within the gain of the best B/T
   CHECK(fd::recommend_plan(in).best.batch == 4000);
 }
 
-TEST_CASE("plan: memory adds workers; an impossible limit is reported", "[plan]") {
+TEST_CASE("plan: memory adds workers, an impossible limit is reported", "[plan]") {
   auto in = synthetic();
   in.latency_limit = 30;
   in.kv_tokens_per_node = 20000;  // 5000 per worker: B·S/2 = 250000 needs 50 workers

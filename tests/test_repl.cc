@@ -241,7 +241,7 @@ TEST_CASE("the REPL client prints tokens as they arrive, the same as a batch run
   CHECK(st.client_ttft_ms <= st.client_ms);
 }
 
-TEST_CASE("cancelling a generation frees its sequence; the next prompt works", "[repl]") {
+TEST_CASE("cancelling a generation frees its sequence, the next prompt works", "[repl]") {
   LocalDeployment d(long_context_model());
   fd::ReplClient client(*d.sys, d.node.scheduler, fd::gatekeeper_actor{}, d.model->vocab,
                         "local", std::chrono::seconds(60));

@@ -26,7 +26,7 @@ std::vector<fd::gen_request> tiny_requests(int n, int max_new, int vocab) {
 
 }  // namespace
 
-TEST_CASE("sls and large-batch generate the same tokens; sls peaks lower", "[schedule-run]") {
+TEST_CASE("sls and large-batch generate the same tokens, sls peaks lower", "[schedule-run]") {
   const fd::ModelConfig mc =
       test_models::config(2, 64, 4, 2, 128, 320, 64);
   auto model = std::make_shared<fd::Model>(fd::make_random_model(mc, 3));

@@ -232,7 +232,7 @@ TEST_CASE("sim backend: outputs have the model's shape and depend only on token,
   CHECK(c.logits == row(a.logits, 1, 300));
 }
 
-TEST_CASE("sim backend: greedy tokens spread over the vocabulary; bad input throws", "[sim]") {
+TEST_CASE("sim backend: greedy tokens spread over the vocabulary, bad input throws", "[sim]") {
   const auto be = fd::make_sim_backend(small_model(), constant(0));
   fd::StepInput in;
   for (int r = 0; r < 100; ++r) {
