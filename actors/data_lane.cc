@@ -3,11 +3,7 @@
 #include <iostream>
 
 #include "actors/gatekeeper.h"
-#include <unordered_set>
-
-#include "caf/actor_companion.hpp"
 #include "caf/all.hpp"
-#include "caf/scoped_execution_unit.hpp"
 #include "runtime/error.h"
 
 namespace fd {
@@ -54,223 +50,124 @@ struct LaneEnd {
   }
 };
 
-// Reads frames until the connection ends, handing each to `take` (which throws fd::Error for a
-// frame it cannot take); returns why the lane ended.
-template <class Take>
-std::string read_frames(const lane::Socket& sock, const char* closed, Take take) {
-  try {
-    lane::Frame f;
-    while (lane::read_frame(sock, f)) take(f);
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {  // e.g. no memory for a frame: the lane closes, nothing else
-    return std::string("data lane: cannot take a frame: ") + e.what();
-  }
-  return closed;
-}
-
-// A request the lane has sent, waiting for its answer.
-struct Waiter {
-  caf::strong_actor_ptr source;
-  caf::mailbox_element::forwarding_stack stages;
-  caf::message_id id;
-  std::chrono::steady_clock::time_point deadline;
-};
-
-// Answers a request from a thread outside CAF, as the promise would from inside its actor
-// (response_promise::deliver needs the actor's own execution unit).
-void deliver_from_outside(Waiter& w, caf::message msg) {
-  if (!w.stages.empty()) {
-    auto next = std::move(w.stages.back());
-    w.stages.pop_back();
-    next->enqueue(caf::make_mailbox_element(std::move(w.source), w.id, std::move(w.stages), std::move(msg)),
-                  nullptr);
-  } else if (w.source) {
-    w.source->enqueue(nullptr, w.id.response_id(), std::move(msg), nullptr);
-  }
-}
-
-}  // namespace
-
-// ---- gpu side: what a lane's actor, its lane shards and its reader thread share ----------------
-
-// Lane shards write their requests themselves and the reader thread answers the requesters
-// straight away: no request or answer waits for another thread on its way (each such hand-over
-// costs tens of microseconds, as much as a megabyte on the wire).
-class LaneLink {
- public:
-  LaneLink(std::shared_ptr<lane::Socket> sock, std::string node, caf::timespan timeout)
-      : sock_(std::move(sock)), node_(std::move(node)), timeout_(timeout) {}
-  const lane::Socket& socket() const { return *sock_; }
-  const std::string& node() const { return node_; }
-  caf::timespan timeout() const { return timeout_; }
-
-  // A ticket for the request `w` answers; 0 when the lane is closed (`why` says why).
-  uint64_t enter(Waiter w, std::string& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!closed_.empty()) {
-      why = closed_;
-      return 0;
-    }
-    const uint64_t ticket = ++next_ticket_;
-    waiting_.emplace(ticket, std::move(w));
-    return ticket;
-  }
-
-  // Sends one request frame whole; closes the lane when the connection fails.
-  void write(uint64_t ticket, uint32_t shard, const Buffer& meta, const Buffer* const payload[lane::kPayloads]) {
-    try {
-      std::lock_guard<std::mutex> lock(write_mu_);
-      lane::write_frame(*sock_, FrameKind::request, ticket, shard, meta, payload);
-    } catch (const Error& e) {
-      close(e.what());
-    }
-  }
-
-  // The answer of a ticket; false when it expired meanwhile.
-  bool answer(uint64_t ticket, caf::message msg) {
-    Waiter w;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = waiting_.find(ticket);
-      if (it == waiting_.end()) return false;
-      w = std::move(it->second);
-      waiting_.erase(it);
-    }
-    deliver_from_outside(w, std::move(msg));
-    return true;
-  }
-
-  // Fails the requests whose deadline has passed.
-  void expire(std::chrono::steady_clock::time_point now) {
-    std::vector<Waiter> late;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto it = waiting_.begin(); it != waiting_.end();) {
-        if (it->second.deadline > now) {
-          ++it;
-          continue;
-        }
-        late.push_back(std::move(it->second));
-        it = waiting_.erase(it);
-      }
-    }
-    for (auto& w : late) deliver_from_outside(w, caf::make_message(caf::make_error(caf::sec::request_timeout)));
-  }
-
-  // Fails every request in flight as if its shard had gone down (the micro-batch then re-places
-  // the sequences) and shuts the socket: a blocked write returns, the reader thread ends.
-  void close(const std::string& why) {
-    std::unordered_map<uint64_t, Waiter> failed;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_.empty()) closed_ = "data lane to " + node_ + " closed: " + why;
-      failed.swap(waiting_);
-    }
-    sock_->shutdown();
-    for (auto& [ticket, w] : failed)
-      deliver_from_outside(w, caf::make_message(caf::make_error(caf::sec::request_receiver_down, closed_)));
-  }
-
-  bool closed() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return !closed_.empty();
-  }
-
- private:
-  std::shared_ptr<lane::Socket> sock_;
-  std::string node_;
-  caf::timespan timeout_;  // per request
-  std::mutex write_mu_;  // frames are written whole, one at a time
-  std::mutex mu_;        // guards what follows
-  std::unordered_map<uint64_t, Waiter> waiting_;  // by ticket
-  uint64_t next_ticket_ = 0;
-  std::string closed_;   // why the lane closed; empty while open
-};
-
-namespace {
-
-constexpr auto kSweep = 100ms;  // how often a lane fails requests past their deadline
-
-// The cpu node's answers, straight to the requesters.
-void read_answers(caf::actor_system& sys, std::shared_ptr<LaneLink> link, lane_actor lane) {
-  std::string why = read_frames(link->socket(), "the cpu node closed its data lane", [&](lane::Frame& f) {
-    if (f.kind == FrameKind::reply) {
-      attn_reply r;
-      if (!decode(sys, f.meta, r.step, r.layer, r.compute_us))
-        throw Error("data lane: malformed reply from the cpu node");
-      r.o = std::move(f.payload[0]);
-      link->answer(f.ticket, caf::make_message(std::move(r)));
-    } else if (f.kind == FrameKind::failure) {
-      caf::error err;
-      if (!decode(sys, f.meta, err) || !err) throw Error("data lane: malformed failure from the cpu node");
-      link->answer(f.ticket, caf::make_message(std::move(err)));
-    } else {
-      throw Error("data lane: unexpected frame from the cpu node");
-    }
-  });
-  link->close(why);
-  caf::anon_send(lane, lane_closed{why});
-}
-
 // ---- gpu side: one lane actor per cpu node ------------------------------------------------
 
 struct LaneState {
-  std::shared_ptr<LaneLink> link;
-  std::thread reader;
+  LaneEnd end;
+  std::unordered_map<uint64_t, caf::typed_response_promise<attn_reply>> pending;  // by ticket
+  uint64_t next_ticket = 0;
+  caf::timespan timeout{};
+  std::string node;
   bool claimed = false;
   size_t watched = 0;  // lane shards still alive
-  std::unordered_set<caf::actor_addr> remotes;  // the remote shards still alive
-  ~LaneState() {
-    if (link) link->close("the gpu node closed it");
-    if (reader.joinable()) reader.join();
-  }
   static inline const char* name = "data_lane";
 };
 
 using lane_ptr = lane_actor::stateful_pointer<LaneState>;
 
-void end_lane(lane_ptr self, const std::string& why) {
-  self->state.link->close(why);
-  self->quit(caf::make_error(caf::sec::runtime_error, "data lane to " + self->state.link->node() + " closed: " + why));
+// Hands each frame that arrives to `message` (which throws fd::Error for one it cannot take) and
+// sends what it makes to `to`, until the connection ends; then tells `to` why.
+template <class Actor, class Message>
+void read_frames(std::shared_ptr<lane::Socket> sock, Actor to, const char* closed, Message message) {
+  std::string why = closed;
+  try {
+    lane::Frame f;
+    while (lane::read_frame(*sock, f)) caf::anon_send(to, message(f));
+  } catch (const Error& e) {
+    why = e.what();
+  } catch (const std::exception& e) {  // e.g. no memory for a frame: the lane closes, nothing else
+    why = std::string("data lane: cannot take a frame: ") + e.what();
+  }
+  caf::anon_send(to, lane_closed{why});
 }
 
-lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<LaneLink> link) {
-  auto& st = self->state;
-  st.link = link;
-  st.reader = std::thread(read_answers, std::ref(self->system()), link, caf::actor_cast<lane_actor>(self));
-  self->delayed_send(self, kClaimTimeout, expire_atom::value);
-  self->delayed_send(self, kSweep, tick_atom::value);
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& st = self->state;
-    if (st.remotes.erase(dm.source) > 0) {
-      // Every shard of the node is gone: so is the node, and a write to it must not block.
-      if (st.remotes.empty()) end_lane(self, "its node is gone");
-    } else if (--st.watched == 0) {
-      end_lane(self, "its shards are gone");
+// The cpu node's answers.
+void read_answers(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_actor lane) {
+  read_frames(std::move(sock), std::move(lane), "the cpu node closed its data lane", [&](lane::Frame& f) {
+    lane_answer a;
+    a.ticket = f.ticket;
+    if (f.kind == FrameKind::reply) {
+      if (!decode(sys, f.meta, a.reply.step, a.reply.layer, a.reply.compute_us))
+        throw Error("data lane: malformed reply from the cpu node");
+      a.reply.o = std::move(f.payload[0]);
+    } else if (f.kind == FrameKind::failure) {
+      if (!decode(sys, f.meta, a.error) || !a.error)
+        throw Error("data lane: malformed failure from the cpu node");
+    } else {
+      throw Error("data lane: unexpected frame from the cpu node");
     }
+    return a;
+  });
+}
+
+// Fails every request in flight as if its shard had gone down (the micro-batch then re-places
+// the sequences), and ends the lane: its lane shards end with it.
+void close_lane(lane_ptr self, const std::string& why) {
+  auto& st = self->state;
+  for (auto& [ticket, rp] : st.pending)
+    rp.deliver(caf::make_error(caf::sec::request_receiver_down, "data lane to " + st.node + ": " + why));
+  st.pending.clear();
+  self->quit(caf::make_error(caf::sec::runtime_error, "data lane to " + st.node + " closed: " + why));
+}
+
+lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<lane::Socket> sock,
+                                        std::string node, caf::timespan timeout) {
+  auto& st = self->state;
+  st.end.sock = sock;
+  st.node = std::move(node);
+  st.timeout = timeout;
+  st.end.reader = std::thread(read_answers, std::ref(self->system()), sock, caf::actor_cast<lane_actor>(self));
+  self->delayed_send(self, kClaimTimeout, expire_atom::value, uint64_t{0});
+  self->set_down_handler([self](caf::down_msg&) {
+    if (--self->state.watched == 0) close_lane(self, "its shards are gone");
   });
   return {
-      [self](lane_closed& c) { end_lane(self, c.why); },
-      [self](tick_atom) {
-        self->state.link->expire(std::chrono::steady_clock::now());
-        self->delayed_send(self, kSweep, tick_atom::value);
+      [self](lane_atom, int32_t shard, attn_request& req) -> caf::result<attn_reply> {
+        auto& st = self->state;
+        const uint64_t ticket = ++st.next_ticket;
+        try {
+          const Buffer meta = encode(self->system(), req.step, req.layer, req.seqs);
+          const Buffer* payload[lane::kPayloads] = {&req.q, &req.k, &req.v};
+          lane::write_frame(*st.end.sock, FrameKind::request, ticket, static_cast<uint32_t>(shard), meta, payload);
+        } catch (const Error& e) {
+          close_lane(self, e.what());
+          return caf::make_error(caf::sec::request_receiver_down, e.what());
+        }
+        auto rp = self->make_response_promise<attn_reply>();
+        st.pending.emplace(ticket, rp);
+        self->delayed_send(self, st.timeout, expire_atom::value, ticket);
+        return rp;
       },
-      [self](expire_atom) {
-        if (!self->state.claimed) end_lane(self, "no shards registered for it");
+      [self](lane_answer& a) {
+        auto& st = self->state;
+        auto it = st.pending.find(a.ticket);
+        if (it == st.pending.end()) return;  // expired meanwhile
+        if (a.error)
+          it->second.deliver(std::move(a.error));
+        else
+          it->second.deliver(std::move(a.reply));
+        st.pending.erase(it);
       },
-      [self](watch_atom, std::vector<shard_actor>& fronts) {
+      [self](lane_closed& c) { close_lane(self, c.why); },
+      [self](expire_atom, uint64_t ticket) {
+        auto& st = self->state;
+        if (ticket == 0) {
+          if (!st.claimed) close_lane(self, "no shards registered for it");
+          return;
+        }
+        auto it = st.pending.find(ticket);
+        if (it == st.pending.end()) return;
+        it->second.deliver(caf::make_error(caf::sec::request_timeout));
+        st.pending.erase(it);
+      },
+      [self](watch_atom, std::vector<shard_actor>& shards) {
         auto& st = self->state;
         st.claimed = true;
-        for (auto& s : fronts) {
+        for (auto& s : shards) {
           self->monitor(s);
           ++st.watched;
         }
-        if (st.watched == 0) end_lane(self, "no shards registered for it");
-      },
-      [self](watch_atom, shard_actor& remote) {
-        self->monitor(remote);
-        self->state.remotes.insert(remote.address());
+        if (st.watched == 0) close_lane(self, "no shards registered for it");
       },
   };
 }
@@ -279,36 +176,24 @@ lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<LaneLink>
 
 struct LaneShardState {
   shard_actor remote;
-  Lane lane;
+  lane_actor lane;
   int32_t index = 0;
   static inline const char* name = "lane_shard";
 };
 
 shard_actor::behavior_type lane_shard_behavior(shard_actor::stateful_pointer<LaneShardState> self,
-                                               shard_actor remote, Lane lane, int32_t index) {
+                                               shard_actor remote, lane_actor lane, int32_t index) {
   self->state.remote = remote;
   self->state.lane = lane;
   self->state.index = index;
   self->link_to(remote);
-  self->monitor(lane.actor);
+  self->monitor(lane);
   self->set_down_handler([self](caf::down_msg& dm) {
     self->quit(dm.reason ? dm.reason : caf::make_error(caf::sec::request_receiver_down, "data lane closed"));
   });
   return {
-      [self](attn_request& r) -> caf::result<attn_reply> {
-        auto& st = self->state;
-        caf::response_promise rp = self->make_response_promise();
-        std::string why;
-        const uint64_t ticket = st.lane.link->enter(
-            Waiter{rp.source(), rp.stages(), rp.id(), std::chrono::steady_clock::now() + st.lane.link->timeout()}, why);
-        if (ticket == 0) {
-          rp.deliver(caf::make_error(caf::sec::request_receiver_down, why));
-          return rp;
-        }
-        const Buffer meta = encode(self->system(), r.step, r.layer, r.seqs);
-        const Buffer* payload[lane::kPayloads] = {&r.q, &r.k, &r.v};
-        st.lane.link->write(ticket, static_cast<uint32_t>(st.index), meta, payload);
-        return rp;  // answered by the lane's reader thread, its sweep or its close
+      [self](attn_request& r) {
+        return self->delegate(self->state.lane, lane_atom::value, self->state.index, std::move(r));
       },
       [self](drop_atom, uint64_t seq) { self->send(self->state.remote, drop_atom::value, seq); },
       [self](stats_atom) { return self->delegate(self->state.remote, stats_atom::value); },
@@ -317,110 +202,86 @@ shard_actor::behavior_type lane_shard_behavior(shard_actor::stateful_pointer<Lan
 
 // ---- cpu side: the lane server ----------------------------------------------------------------
 
-// The cpu side's socket, shared by its reader thread and the shards' answers.
-struct ServerLink {
-  std::shared_ptr<lane::Socket> sock;
-  std::mutex write_mu;  // frames are written whole, one at a time
-
-  // Writes one answer; a connection that fails is shut down (the reader thread then ends the
-  // server, and the gpu node sees the lane close).
-  void answer(caf::actor_system& sys, uint64_t ticket, attn_reply* reply, caf::error* err) {
-    try {
-      std::lock_guard<std::mutex> lock(write_mu);
-      if (reply != nullptr) {
-        const Buffer meta = encode(sys, reply->step, reply->layer, reply->compute_us);
-        const Buffer* payload[lane::kPayloads] = {&reply->o, nullptr, nullptr};
-        lane::write_frame(*sock, FrameKind::reply, ticket, 0, meta, payload);
-      } else {
-        write_small(*sock, FrameKind::failure, ticket, encode(sys, *err));
-      }
-    } catch (const Error& e) {
-      std::cerr << "data lane: " << e.what() << "\n";
-      sock->shutdown();
-    }
-  }
-};
-
-// The gpu node's requests go to the shards straight from the reader thread, as requests from
-// `replies`, whose answers are written to the socket on the shard's own thread.
-void read_requests(caf::actor_system& sys, std::shared_ptr<ServerLink> link, std::vector<shard_actor> shards,
-                   caf::strong_actor_ptr replies, lane_server_actor server) {
-  std::string why = read_frames(*link->sock, "the gpu node closed the data lane", [&](lane::Frame& f) {
-    if (f.kind != FrameKind::request) throw Error("data lane: unexpected frame from the gpu node");
-    if (f.ticket == 0 || f.ticket > caf::message_id::request_id_mask)
-      throw Error("data lane: request with a bad ticket from the gpu node");
-    if (f.target >= shards.size()) {
-      auto err = caf::make_error(caf::sec::invalid_argument,
-                                 "data lane: this node has no shard " + std::to_string(f.target));
-      return link->answer(sys, f.ticket, nullptr, &err);
-    }
-    attn_request r;
-    if (!decode(sys, f.meta, r.step, r.layer, r.seqs))
-      throw Error("data lane: malformed request from the gpu node");
-    r.q = std::move(f.payload[0]);
-    r.k = std::move(f.payload[1]);
-    r.v = std::move(f.payload[2]);
-    // The ticket is the request's id: the answer to `replies` carries it back.
-    auto shard = caf::actor_cast<caf::strong_actor_ptr>(shards[f.target]);
-    shard->enqueue(caf::make_mailbox_element(replies, caf::make_message_id(f.ticket), {}, std::move(r)),
-                   nullptr);
-  });
-  caf::anon_send(server, lane_closed{why});
-}
-
 struct LaneServerState {
   LaneEnd end;
-  caf::actor replies;  // a companion: takes the shards' answers on their own threads
-  caf::actor_companion* companion() { return static_cast<caf::actor_companion*>(caf::actor_cast<caf::abstract_actor*>(replies)); }
-  ~LaneServerState() {
-    if (replies) {
-      companion()->on_enqueue([](caf::mailbox_element_ptr) {});  // answers after the end are dropped
-      caf::scoped_execution_unit eu;
-      companion()->cleanup(caf::exit_reason::user_shutdown, &eu);
-    }
-  }
+  std::vector<shard_actor> shards;
+  caf::timespan timeout{};
   static inline const char* name = "data_lane_server";
 };
 
 using server_ptr = lane_server_actor::stateful_pointer<LaneServerState>;
 
-lane_server_actor::behavior_type lane_server_behavior(server_ptr self, std::shared_ptr<lane::Socket> sock,
-                                                      std::vector<shard_actor> shards) {
-  auto& st = self->state;
-  auto link = std::make_shared<ServerLink>();
-  link->sock = sock;
-  st.end.sock = sock;
-  auto& sys = self->system();
-  st.replies = sys.spawn<caf::actor_companion, caf::hidden>();
-  st.companion()->on_enqueue([&sys, link](caf::mailbox_element_ptr m) {
-    if (!m || !m->mid.is_response()) return;
-    const uint64_t ticket = m->mid.request_id().integer_value();
-    auto& msg = m->content();
-    if (msg.match_elements<attn_reply>())
-      link->answer(sys, ticket, &msg.get_mutable_as<attn_reply>(0), nullptr);
-    else if (msg.match_elements<caf::error>())
-      link->answer(sys, ticket, nullptr, &msg.get_mutable_as<caf::error>(0));
+// The gpu node's requests.
+void read_requests(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_server_actor server) {
+  read_frames(std::move(sock), std::move(server), "the gpu node closed the data lane", [&](lane::Frame& f) {
+    if (f.kind != FrameKind::request) throw Error("data lane: unexpected frame from the gpu node");
+    lane_request r;
+    r.ticket = f.ticket;
+    r.shard = static_cast<int32_t>(f.target);
+    if (!decode(sys, f.meta, r.req.step, r.req.layer, r.req.seqs))
+      throw Error("data lane: malformed request from the gpu node");
+    r.req.q = std::move(f.payload[0]);
+    r.req.k = std::move(f.payload[1]);
+    r.req.v = std::move(f.payload[2]);
+    return r;
   });
-  st.end.reader = std::thread(read_requests, std::ref(sys), link, std::move(shards),
-                              caf::actor_cast<caf::strong_actor_ptr>(st.replies),
-                              caf::actor_cast<lane_server_actor>(self));
+}
+
+// Writes one answer; a connection that fails ends the server (the gpu node then sees it close).
+void answer(server_ptr self, uint64_t ticket, attn_reply* reply, caf::error* err) {
+  auto& st = self->state;
+  try {
+    if (reply != nullptr) {
+      const Buffer meta = encode(self->system(), reply->step, reply->layer, reply->compute_us);
+      const Buffer* payload[lane::kPayloads] = {&reply->o, nullptr, nullptr};
+      lane::write_frame(*st.end.sock, FrameKind::reply, ticket, 0, meta, payload);
+    } else {
+      write_small(*st.end.sock, FrameKind::failure, ticket, encode(self->system(), *err));
+    }
+  } catch (const Error& e) {
+    std::cerr << "data lane: " << e.what() << "\n";
+    self->quit();
+  }
+}
+
+lane_server_actor::behavior_type lane_server_behavior(server_ptr self, std::shared_ptr<lane::Socket> sock,
+                                                      std::vector<shard_actor> shards,
+                                                      caf::timespan timeout) {
+  auto& st = self->state;
+  st.end.sock = sock;
+  st.shards = std::move(shards);
+  st.timeout = timeout;
+  st.end.reader = std::thread(read_requests, std::ref(self->system()), sock,
+                          caf::actor_cast<lane_server_actor>(self));
   return {
+      [self](lane_request& r) {
+        auto& st = self->state;
+        const uint64_t ticket = r.ticket;
+        if (r.shard < 0 || static_cast<size_t>(r.shard) >= st.shards.size()) {
+          auto err = caf::make_error(caf::sec::invalid_argument,
+                                           "data lane: this node has no shard " + std::to_string(r.shard));
+          return answer(self, ticket, nullptr, &err);
+        }
+        self->request(st.shards[static_cast<size_t>(r.shard)], st.timeout, std::move(r.req))
+            .then([self, ticket](attn_reply& rep) { answer(self, ticket, &rep, nullptr); },
+                  [self, ticket](caf::error& e) { answer(self, ticket, nullptr, &e); });
+      },
       [self](lane_closed&) { self->quit(); },
   };
 }
 
 }  // namespace
 
-void LaneRegistry::put(uint64_t key, Lane lane) {
+void LaneRegistry::put(uint64_t key, lane_actor lane) {
   std::lock_guard<std::mutex> lock(mu_);
   lanes_[key] = std::move(lane);
 }
 
-Lane LaneRegistry::take(uint64_t key) {
+lane_actor LaneRegistry::take(uint64_t key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = lanes_.find(key);
   if (it == lanes_.end()) return {};
-  Lane out = std::move(it->second);
+  lane_actor out = std::move(it->second);
   lanes_.erase(it);
   return out;
 }
@@ -481,10 +342,9 @@ void LaneAcceptor::handshake(lane::Socket s) {
   }
   lane::set_io_timeouts(s, ms(cfg_.timeout), 0ms);
   auto sock = std::make_shared<lane::Socket>(std::move(s));
-  auto link = std::make_shared<LaneLink>(sock, h.node, cfg_.timeout);
-  auto lane = sys_.spawn<caf::detached>(lane_behavior, link);
+  auto lane = sys_.spawn<caf::detached>(lane_behavior, sock, h.node, cfg_.timeout);
   lanes_.emplace_back(lane, sock);
-  registry_->put(h.key, Lane{lane, link});  // before the welcome: the node registers its shards only after it
+  registry_->put(h.key, lane);  // before the welcome: the node registers its shards only after it
   try {
     write_small(*sock, FrameKind::welcome, 0, Buffer{});
   } catch (const Error& e) {
@@ -492,11 +352,9 @@ void LaneAcceptor::handshake(lane::Socket s) {
   }
 }
 
-shard_actor spawn_lane_shard(caf::actor_system& sys, shard_actor remote, const Lane& lane, int32_t index) {
-  // Detached: it writes to the socket, which may block while the cpu node catches up.
-  auto front = sys.spawn<caf::detached>(lane_shard_behavior, remote, lane, index);
-  caf::anon_send(lane.actor, watch_atom::value, std::move(remote));
-  return front;
+shard_actor spawn_lane_shard(caf::actor_system& sys, shard_actor remote, lane_actor lane,
+                             int32_t index) {
+  return sys.spawn(lane_shard_behavior, std::move(remote), std::move(lane), index);
 }
 
 lane_server_actor connect_lane(caf::actor_system& sys, const std::string& host, uint16_t port,
@@ -517,7 +375,7 @@ lane_server_actor connect_lane(caf::actor_system& sys, const std::string& host, 
   }
   if (f.kind != FrameKind::welcome) throw Error("the gpu node answered the lane hello with a wrong frame");
   lane::set_io_timeouts(*sock, ms(timeout), 0ms);
-  return sys.spawn<caf::detached>(lane_server_behavior, sock, std::move(shards));
+  return sys.spawn<caf::detached>(lane_server_behavior, sock, std::move(shards), timeout);
 }
 
 }  // namespace fd

@@ -7,11 +7,6 @@
 //   gpu node: LaneAcceptor ── one lane_actor per cpu node ── one lane shard per remote shard
 //   cpu node: connect_lane() ── lane_server_actor ── the node's shards
 //
-// A request crosses four threads: the lane shard writes it, the cpu side's reader thread hands it
-// to the shard, the shard writes its answer, the gpu side's reader thread answers the requester.
-// (Each hand-over to a sleeping thread costs 3-60 us on a VM; routing through the lane actors cost
-// four more of them: 4 KiB round trips took 141 us, now 88 us.)
-//
 // A cpu node joins (BASP), connects to the lane port from join_reply and says hello (secret,
 // protocol version, run id and a random key); once welcomed it registers its shards naming that
 // key, and the gatekeeper puts a lane shard in front of each.
@@ -31,27 +26,17 @@
 
 namespace fd {
 
-class LaneLink;  // a lane's socket and the requests waiting for answers (data_lane.cc)
-
-// A lane that passed the handshake (gpu side): the actor that owns it, and what its lane shards
-// share with it.
-struct Lane {
-  lane_actor actor;
-  std::shared_ptr<LaneLink> link;
-  explicit operator bool() const { return static_cast<bool>(actor); }
-};
-
 // Lanes that passed the handshake, by key, until their node's add_shards claims them
 // (shared by the acceptor's thread and the gatekeeper).
 class LaneRegistry {
  public:
-  void put(uint64_t key, Lane lane);
-  // The lane of this key, once; an empty Lane when there is none.
-  Lane take(uint64_t key);
+  void put(uint64_t key, lane_actor lane);
+  // The lane of this key, once; a null handle when there is none.
+  lane_actor take(uint64_t key);
 
  private:
   std::mutex mu_;
-  std::unordered_map<uint64_t, Lane> lanes_;
+  std::unordered_map<uint64_t, lane_actor> lanes_;
 };
 
 struct LaneAcceptorConfig {
@@ -89,7 +74,8 @@ class LaneAcceptor {
 // The shard_actor that stands for remote shard `index` of a lane's cpu node: attention goes over
 // the lane, drops and stats go to `remote` over CAF. Linked to `remote` (a kill of either ends
 // both) and ends with the lane.
-shard_actor spawn_lane_shard(caf::actor_system& sys, shard_actor remote, const Lane& lane, int32_t index);
+shard_actor spawn_lane_shard(caf::actor_system& sys, shard_actor remote, lane_actor lane,
+                             int32_t index);
 
 // CPU side: connects to the gpu node's lane, says hello and waits for the answer; then serves
 // requests for `shards` (by their index). Throws fd::Error naming the gpu node's refusal.

@@ -41,6 +41,7 @@ using add_atom = caf::atom_constant<caf::atom("add")>;
 using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using vocab_atom = caf::atom_constant<caf::atom("vocab")>;
+using lane_atom = caf::atom_constant<caf::atom("lane")>;
 using expire_atom = caf::atom_constant<caf::atom("expire")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 
@@ -269,6 +270,20 @@ struct lane_hello {
   std::string node;     // for logs
 };
 
+// Data lane reader thread -> its lane actor (gpu side): the answer to one request.
+struct lane_answer {
+  uint64_t ticket = 0;
+  attn_reply reply;
+  caf::error error;  // the shard's error instead of a reply
+};
+
+// Data lane reader thread -> its lane server (cpu side): a request for the node's shard `shard`.
+struct lane_request {
+  uint64_t ticket = 0;
+  int32_t shard = 0;
+  attn_request req;
+};
+
 // Data lane reader thread -> its actor: the connection ended.
 struct lane_closed {
   std::string why;
@@ -421,6 +436,14 @@ typename Inspector::result_type inspect(Inspector& f, join_reply& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lane_hello& x) {
   return f(caf::meta::type_name("lane_hello"), x.token, x.version, x.run_id, x.key, x.node);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, lane_answer& x) {
+  return f(caf::meta::type_name("lane_answer"), x.ticket, x.reply, x.error);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, lane_request& x) {
+  return f(caf::meta::type_name("lane_request"), x.ticket, x.shard, x.req);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lane_closed& x) {

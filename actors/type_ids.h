@@ -33,18 +33,21 @@ using tp_rank_actor = caf::typed_actor<
     caf::replies_to<tp_mlp>::with<tp_partial>,     // residual, then the MLP addend
     caf::replies_to<tp_next>::with<s_output>>;     // residual, then next Q/K/V slice or logits
 
-// Data lane, gpu side: owns the connection to one cpu node, over which its lane shards send
-// attention requests themselves (actors/data_lane.h); it ends them when the connection ends.
+// Data lane, gpu side: carries attention requests to the shards of one cpu node over a socket
+// of its own, so tensor bytes are not copied through BASP (actors/data_lane.h).
 using lane_actor = caf::typed_actor<
+    caf::replies_to<lane_atom, int32_t, attn_request>::with<attn_reply>,  // to the node's shard i
+    caf::reacts_to<lane_answer>,                            // its reader thread: an answer came
     caf::reacts_to<lane_closed>,                            // its reader thread: connection over
-    caf::reacts_to<tick_atom>,                              // fail requests past their deadline
-    caf::reacts_to<expire_atom>,                            // close if no shards were registered
-    caf::reacts_to<watch_atom, std::vector<shard_actor>>,   // close once these lane shards are gone
-    caf::reacts_to<watch_atom, shard_actor>>;               // close once the node's shards are gone
-// Data lane, cpu side: owns the connection to the gpu node; its reader thread hands requests to
-// the local shards, whose answers are written back on their own threads.
+    caf::reacts_to<expire_atom, uint64_t>,                  // a request's deadline passed
+    caf::reacts_to<watch_atom, std::vector<shard_actor>>>;  // close once these shards are gone
+
+// Data lane, cpu side: hands the requests its reader thread gets to the local shards and writes
+// their answers back.
 using lane_server_actor = caf::typed_actor<
+    caf::reacts_to<lane_request>,  // its reader thread: a request for shard i
     caf::reacts_to<lane_closed>>;  // its reader thread: the gpu node is gone
+
 // A shard as the scheduler knows it.
 struct shard_info {
   shard_actor hdl;
@@ -234,6 +237,8 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::stage_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::tp_rank_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::trace_packed))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_hello))
+CAF_ADD_TYPE_ID(fastdecode, (fd::lane_answer))
+CAF_ADD_TYPE_ID(fastdecode, (fd::lane_request))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_closed))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_server_actor))

@@ -303,14 +303,14 @@ class Paths {
     const std::string line = std::to_string(acceptor_.port()) + " " + std::to_string(key) + "\n";
     if (::write(server.to_child, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
       throw Error("cannot tell the transport server the lane port");
-    Lane lane;
+    lane_actor lane;
     for (int i = 0; i < 1000 && !lane; ++i) {
       lane = acceptor_.registry()->take(key);
       if (!lane) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     if (!lane) throw Error("the transport server did not open its data lane");
     front_ = spawn_lane_shard(sys, *sink, lane, 0);
-    caf::anon_send(lane.actor, watch_atom::value, std::vector<shard_actor>{front_});
+    caf::anon_send(lane, watch_atom::value, std::vector<shard_actor>{front_});
     // Sent untyped so that one prebuilt message carries the payload every time (as the
     // micro-batch's request would): the far side still checks it against shard_actor.
     lane_ = caf::actor_cast<caf::actor>(front_);
