@@ -17,6 +17,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -53,6 +54,7 @@ struct Options {
   int reps = 0;  // 0: enough for about 512 MiB per size, at least 5
   int small_kb = 4;
   int small_reps = 2000;
+  int window = 2;  // transfers in flight for the throughput figures
   // CAF settings to try against the project's (configure_caf / configure_network); -1 keeps them.
   int mm_workers = -1;     // middleman.workers: BASP deserialization threads
   int poll_attempts = -1;  // work-stealing.aggressive-poll-attempts
@@ -70,6 +72,8 @@ bool parse_options(int argc, char** argv, Options& o) {
       ("reps", po::value<int>(&o.reps)->default_value(0), "transfers per size and path (0: auto)")
       ("small-kb", po::value<int>(&o.small_kb)->default_value(4), "small payload in KiB")
       ("small-reps", po::value<int>(&o.small_reps)->default_value(2000), "small round trips per path")
+      ("window", po::value<int>(&o.window)->default_value(2),
+       "transfers in flight for the throughput figures (2: the pipeline's two mini-batches)")
       ("mm-workers", po::value<int>(&o.mm_workers)->default_value(-1),
        "override middleman.workers in both processes (-1: the project's setting)")
       ("poll-attempts", po::value<int>(&o.poll_attempts)->default_value(-1),
@@ -89,14 +93,16 @@ bool parse_options(int argc, char** argv, Options& o) {
                  "lane's socket, the lane server, the shard; actors/data_lane.h), as the same request\n"
                  "straight to the remote actor through CAF's BASP, and as raw bytes over a plain TCP\n"
                  "socket answered by one byte. The shard answers with an empty attn_reply.\n"
-                 "MiB/s is the payload over the median time of one transfer including its ack; ratio is\n"
-                 "actor over TCP. echo_ms is the median round trip when the payload comes back. The small\n"
-                 "payload's round trip is what each layer's shard hop costs; overhead is actor minus TCP.\n";
+                 "Throughput (MiB/s, ratio = actor over TCP): reps transfers per path with --window of\n"
+                 "them in flight, each sent when an earlier one is answered, median of 3 rounds.\n"
+                 "One-at-a-time (1-by-1): the payload over the median time of a single transfer and its\n"
+                 "ack. echo_ms is the median round trip when the payload comes back. The small payload's\n"
+                 "round trip is what each layer's shard hop costs; overhead is actor minus TCP.\n";
     return false;
   }
   o.sizes_mb = parse_sizes(vm["sizes"].as<std::string>());
-  if (o.reps < 0 || o.small_kb < 1 || o.small_reps < 1)
-    throw Error("--reps must not be negative, --small-kb and --small-reps must be positive.");
+  if (o.reps < 0 || o.small_kb < 1 || o.small_reps < 1 || o.window < 1)
+    throw Error("--reps must not be negative, --small-kb, --small-reps and --window must be positive.");
   return true;
 }
 
@@ -339,6 +345,49 @@ class Paths {
     return s;
   }
 
+  // Seconds for all of msgs through one actor path with up to `window` of them in flight, each
+  // sent as soon as an earlier one is answered (the two-stage pipeline keeps two mini-batches,
+  // so up to two requests per shard, in flight).
+  double actor_stream(bool lane, std::vector<caf::message>& msgs, size_t window) {
+    const caf::actor& to = lane ? lane_ : basp_;
+    using Handle = decltype(self_->request(to, std::chrono::seconds(120), std::move(msgs[0])));
+    std::deque<Handle> inflight;
+    const auto wait_oldest = [&] {
+      inflight.front().receive([](attn_reply&) {},
+                               [&](caf::error& e) {
+                                 throw Error(std::string(lane ? "data lane" : "BASP") + " path: " + sys_.render(e));
+                               });
+      inflight.pop_front();
+    };
+    const auto t0 = Clock::now();
+    for (auto& m : msgs) {
+      if (inflight.size() == window) wait_oldest();
+      inflight.push_back(self_->request(to, std::chrono::seconds(120), std::move(m)));
+    }
+    while (!inflight.empty()) wait_oldest();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  // The same over the plain socket: each payload answered by one byte.
+  double tcp_stream(const std::vector<std::vector<char>>& payloads, size_t window) {
+    const auto t0 = Clock::now();
+    size_t inflight = 0;
+    char ack = 0;
+    for (const auto& payload : payloads) {
+      const RawHeader h{payload.size(), static_cast<uint64_t>(kAck)};
+      if (inflight == window) {
+        if (!recv_all(raw_, &ack, 1)) throw Error("TCP path: the server closed the connection");
+        --inflight;
+      }
+      send_all(raw_, reinterpret_cast<const char*>(&h), sizeof h);
+      send_all(raw_, payload.data(), payload.size());
+      ++inflight;
+    }
+    for (; inflight > 0; --inflight)
+      if (!recv_all(raw_, &ack, 1)) throw Error("TCP path: the server closed the connection");
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
   double tcp_once(const std::vector<char>& payload, int32_t mode, std::vector<char>& back) {
     const auto t0 = Clock::now();
     RawHeader h{payload.size(), static_cast<uint64_t>(mode)};
@@ -388,6 +437,33 @@ Timings measure(Paths& paths, const std::vector<char>& payload, int32_t mode, in
   return t;
 }
 
+struct Throughput {
+  double lane = 0, basp = 0, tcp = 0;  // MiB/s
+};
+
+// Median over three rounds of the throughput of each path with `window` transfers in flight. Each
+// transfer sends a buffer of its own, as each layer's request does, built before the round's
+// timing starts: the actor paths' messages, and as many copies of the payload for TCP.
+Throughput measure_stream(Paths& paths, const std::vector<char>& payload, int reps, int window) {
+  const double mib = static_cast<double>(payload.size()) / kMiB * reps;
+  const auto messages = [&] {
+    std::vector<caf::message> m;
+    for (int i = 0; i < reps; ++i) m.push_back(request_of(payload, kAck));
+    return m;
+  };
+  const size_t w = static_cast<size_t>(window);
+  std::vector<double> lane, basp, tcp;
+  for (int round = 0; round < 3; ++round) {
+    auto m = messages();
+    lane.push_back(mib / paths.actor_stream(true, m, w));
+    m = messages();
+    basp.push_back(mib / paths.actor_stream(false, m, w));
+    const std::vector<std::vector<char>> copies(static_cast<size_t>(reps), payload);
+    tcp.push_back(mib / paths.tcp_stream(copies, w));
+  }
+  return {median(lane), median(basp), median(tcp)};
+}
+
 int run(const Options& o) {
   Server server = start_server(o);  // before any thread of this process exists
   int rc = 0;
@@ -398,17 +474,19 @@ int run(const Options& o) {
     {
       Paths paths(sys, server);
       if (!o.json)
-        std::printf("loopback, one transfer = payload + ack; MiB/s from the median of the reps;\n"
-                    "actor = the data lane a micro-batch uses for a remote shard, BASP = CAF's own\n"
-                    "%8s %5s %12s %12s %12s %7s %7s %10s %10s %10s\n",
-                    "MiB", "reps", "actor MiB/s", "BASP MiB/s", "TCP MiB/s", "ratio", "BASP r.",
-                    "actor echo", "BASP echo", "TCP echo");
+        std::printf("loopback, transfer = payload + ack; throughput with %d in flight, 1-by-1 from the\n"
+                    "median single transfer; actor = the data lane a micro-batch uses for a remote\n"
+                    "shard, BASP = CAF's own; echo columns in ms\n"
+                    "%6s %5s %11s %10s %10s %6s %6s %8s %8s %7s %8s %8s %8s\n",
+                    o.window, "MiB", "reps", "actor MiB/s", "BASP MiB/s", "TCP MiB/s", "ratio", "BASP r.",
+                    "1-by-1 a", "1-by-1 t", "1b1 r.", "a echo", "B echo", "T echo");
       for (int mb : o.sizes_mb) {
         const int reps = o.reps > 0 ? o.reps : std::max(5, std::min(100, 512 / mb));
         std::vector<char> payload(size_t(mb) * kMiB);
         for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131);
         const Timings one = measure(paths, payload, kAck, reps);
         const Timings echo = measure(paths, payload, kEcho, std::max(3, reps / 2));
+        const Throughput tp = measure_stream(paths, payload, reps, o.window);
         const double lane = mb / median(one.lane), basp = mb / median(one.basp), tcp = mb / median(one.tcp);
         const double lane_echo_ms = median(echo.lane) * 1e3, basp_echo_ms = median(echo.basp) * 1e3,
                      tcp_echo_ms = median(echo.tcp) * 1e3;
@@ -417,18 +495,24 @@ int run(const Options& o) {
           j.add("bench", std::string("transport"))
               .add("size_mib", int64_t(mb))
               .add("reps", int64_t(reps))
-              .add("actor_mib_s", lane)
-              .add("basp_mib_s", basp)
-              .add("tcp_mib_s", tcp)
-              .add("ratio", lane / tcp)
-              .add("basp_ratio", basp / tcp)
+              .add("window", int64_t(o.window))
+              .add("actor_mib_s", tp.lane)
+              .add("basp_mib_s", tp.basp)
+              .add("tcp_mib_s", tp.tcp)
+              .add("ratio", tp.lane / tp.tcp)
+              .add("basp_ratio", tp.basp / tp.tcp)
+              .add("one_actor_mib_s", lane)
+              .add("one_basp_mib_s", basp)
+              .add("one_tcp_mib_s", tcp)
+              .add("one_ratio", lane / tcp)
               .add("actor_echo_ms", lane_echo_ms)
               .add("basp_echo_ms", basp_echo_ms)
               .add("tcp_echo_ms", tcp_echo_ms);
           std::cout << j.str() << std::endl;
         } else {
-          std::printf("%8d %5d %12.1f %12.1f %12.1f %7.2f %7.2f %10.2f %10.2f %10.2f\n", mb, reps, lane,
-                      basp, tcp, lane / tcp, basp / tcp, lane_echo_ms, basp_echo_ms, tcp_echo_ms);
+          std::printf("%6d %5d %11.1f %10.1f %10.1f %6.2f %6.2f %8.1f %8.1f %7.2f %8.2f %8.2f %8.2f\n", mb, reps,
+                      tp.lane, tp.basp, tp.tcp, tp.lane / tp.tcp, tp.basp / tp.tcp, lane, tcp, lane / tcp,
+                      lane_echo_ms, basp_echo_ms, tcp_echo_ms);
           std::fflush(stdout);
         }
       }
