@@ -16,6 +16,7 @@ using lane::FrameKind;
 constexpr auto kHandshakeTimeout = 5s;  // for a connecting peer to say hello
 constexpr auto kClaimTimeout = 60s;     // for a welcomed node to register its shards
 constexpr size_t kMaxHello = 64 << 10;  // bytes of a hello's metadata
+constexpr size_t kMaxHandshakes = 16;   // peers saying hello at once
 
 std::chrono::milliseconds ms(caf::timespan t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t);
@@ -296,6 +297,7 @@ LaneAcceptor::~LaneAcceptor() {
   stop_ = true;
   thread_.join();
   // A lane blocked writing to a stopped node returns once its socket is shut down.
+  std::lock_guard<std::mutex> lock(lanes_mu_);
   for (auto& [lane, sock] : lanes_) {
     sock->shutdown();
     caf::anon_send_exit(lane, caf::exit_reason::user_shutdown);
@@ -305,12 +307,37 @@ LaneAcceptor::~LaneAcceptor() {
 void LaneAcceptor::run() {
   while (!stop_) {
     lane::Socket s = lane::accept_tcp(listener_, 200ms);
-    if (s.fd() >= 0) handshake(std::move(s));
+    reap_handshakes(false);
+    if (s.fd() < 0) continue;
+    if (handshakes_.size() >= kMaxHandshakes) {
+      if (cfg_.log) std::cerr << "data lane: refused a peer: " << kMaxHandshakes << " others are saying hello\n";
+      continue;  // closed unanswered
+    }
+    Handshake h{std::make_shared<lane::Socket>(std::move(s)), std::make_shared<std::atomic<bool>>(false), {}};
+    h.thread = std::thread([this, sock = h.sock, done = h.done] {
+      handshake(sock);
+      *done = true;
+    });
+    handshakes_.push_back(std::move(h));
+  }
+  reap_handshakes(true);
+}
+
+void LaneAcceptor::reap_handshakes(bool all) {
+  for (auto it = handshakes_.begin(); it != handshakes_.end();) {
+    if (!all && !*it->done) {
+      ++it;
+      continue;
+    }
+    if (all) it->sock->shutdown();
+    it->thread.join();
+    it = handshakes_.erase(it);
   }
 }
 
-// Runs on the acceptor's thread: a peer gets kHandshakeTimeout to say hello.
-void LaneAcceptor::handshake(lane::Socket s) {
+// Runs on a thread of its own: a peer gets kHandshakeTimeout to say hello.
+void LaneAcceptor::handshake(const std::shared_ptr<lane::Socket>& sock) {
+  lane::Socket& s = *sock;
   lane::set_io_timeouts(s, kHandshakeTimeout, kHandshakeTimeout);
   lane_hello h;
   std::string why;
@@ -341,9 +368,11 @@ void LaneAcceptor::handshake(lane::Socket s) {
     return;
   }
   lane::set_io_timeouts(s, ms(cfg_.timeout), 0ms);
-  auto sock = std::make_shared<lane::Socket>(std::move(s));
   auto lane = sys_.spawn<caf::detached>(lane_behavior, sock, h.node, cfg_.timeout);
-  lanes_.emplace_back(lane, sock);
+  {
+    std::lock_guard<std::mutex> lock(lanes_mu_);
+    lanes_.emplace_back(lane, sock);
+  }
   registry_->put(h.key, lane);  // before the welcome: the node registers its shards only after it
   try {
     write_small(*sock, FrameKind::welcome, 0, Buffer{});

@@ -61,12 +61,22 @@ class LaneAcceptor {
 
  private:
   void run();
-  void handshake(lane::Socket sock);
+  void handshake(const std::shared_ptr<lane::Socket>& sock);
+  // Joins the handshake threads that have ended (all of them with `all`, after shutting their sockets).
+  void reap_handshakes(bool all);
   caf::actor_system& sys_;
   LaneAcceptorConfig cfg_;
   lane::Socket listener_;
   std::shared_ptr<LaneRegistry> registry_ = std::make_shared<LaneRegistry>();
-  std::vector<std::pair<lane_actor, std::shared_ptr<lane::Socket>>> lanes_;  // the accept thread's
+  // One thread per peer saying hello, so a silent one delays nobody else.
+  struct Handshake {
+    std::shared_ptr<lane::Socket> sock;
+    std::shared_ptr<std::atomic<bool>> done;
+    std::thread thread;
+  };
+  std::vector<Handshake> handshakes_;  // the accept thread's
+  std::mutex lanes_mu_;
+  std::vector<std::pair<lane_actor, std::shared_ptr<lane::Socket>>> lanes_;  // guarded by lanes_mu_
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -199,6 +199,19 @@ TEST_CASE("the data lane refuses a wrong secret, version or run and stays open f
   caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a peer that never says hello does not delay the next node's lane", "[lane]") {
+  LaneFixture fx;
+  auto silent = fd::lane::connect_tcp("127.0.0.1", fx.acceptor->port());  // gets 5 s to say hello
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto server = fx.connect({"s3cret", fd::kProtocolVersion, kRun, 12, "next"}, {});
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(server);
+  CHECK(fx.acceptor->registry()->take(12));
+  CHECK(waited < 2.0);
+  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("attention through a lane shard equals the shard's own answer, and the lane's end ends it", "[lane]") {
   LaneFixture fx;
   caf::scoped_actor self{*fx.sys};
