@@ -382,7 +382,7 @@ void snapshot(self_ptr self) {
   double w = 0, w_lim = 0;
   for (size_t m = 0; m < st.planners.size(); ++m) {
     w += double(st.planners[m].planned_load(st.mini_step[m]));
-    w_lim += double(st.planners[m].config().load_limit);
+    w_lim += double(st.planners[m].load_limit());
   }
   b.events.push_back(counter("scheduler", "scheduler", kLocalNode,
                              st.cfg.scheduled ? schedule_name(st.cfg.schedule.kind) : "continuous",

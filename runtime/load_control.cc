@@ -40,12 +40,33 @@ ScheduleConfig resolve_schedule(const ScheduleConfig& cfg) {
   const double b = cfg.batch, s = cfg.seq_len, f = cfg.interval;
   // M = B·F/S (the paper's micro-batch equation), at least one sequence.
   if (r.micro_batch == 0) r.micro_batch = std::max(1, static_cast<int>(std::llround(b * f / s)));
-  // W'_max = B(S+F)/2, the steady-state peak of the load-stabilizing schedule.
-  if (r.load_limit == 0) r.load_limit = int64_t{cfg.batch} * (int64_t{cfg.seq_len} + cfg.interval) / 2;
+  // W'_max = B(S+F)/2, the steady-state peak of the load-stabilizing schedule (prompts aside:
+  // LoadPlanner adds them).
+  if (r.load_limit == 0) {
+    r.load_limit = int64_t{cfg.batch} * (int64_t{cfg.seq_len} + cfg.interval) / 2;
+    r.default_limit = true;
+  }
   return r;
 }
 
-LoadPlanner::LoadPlanner(const ScheduleConfig& cfg) : cfg_(resolve_schedule(cfg)) {}
+LoadPlanner::LoadPlanner(const ScheduleConfig& cfg)
+    : cfg_(resolve_schedule(cfg)) {}
+
+// In sls's steady pattern every sequence is `base` tokens longer than in the paper's model, so
+// its peak is B(S+F)/2 + B·base: a default W_lim without the prompts would keep load control
+// from sustaining that pattern (with 1-7 token prompts, B = 32, S = 128, F = 8, it starved after
+// the cold start and settled at 18 sequences per mini-batch started in step, a smaller large
+// batch).
+int64_t LoadPlanner::limit_for(const SeqShape& next) const {
+  if (!cfg_.default_limit) return cfg_.load_limit;
+  const double mean_base = double(base_sum_ + next.base) / double(started_ + 1);
+  return cfg_.load_limit + static_cast<int64_t>(std::llround(cfg_.batch * mean_base));
+}
+
+int64_t LoadPlanner::load_limit() const {
+  if (!cfg_.default_limit || started_ == 0) return cfg_.load_limit;
+  return cfg_.load_limit + static_cast<int64_t>(std::llround(cfg_.batch * double(base_sum_) / double(started_)));
+}
 
 int LoadPlanner::quota(int64_t step, const SeqShape& shape) const {
   const int now = started_at(step);
@@ -63,7 +84,7 @@ int LoadPlanner::quota(int64_t step, const SeqShape& shape) const {
       if (cold && (step - begin) % cfg_.interval != 0) return 0;
       const int room = cfg_.micro_batch - now;
       if (room <= 0) return 0;
-      const int64_t fit = fits(step, shape, cfg_.load_limit);
+      const int64_t fit = fits(step, shape, limit_for(shape));
       if (live == 0 && fit == 0) return 1;  // too long for W_lim: it runs alone rather than never
       // A micro-batch opens when all M fit (Algorithm 1); once open, or in a cold-start slot,
       // it takes as many as fit.
@@ -84,6 +105,8 @@ SeqTicket LoadPlanner::start(int64_t step, const SeqShape& shape) {
                 ", before the step " + std::to_string(last_start_) + " of an earlier start.");
   }
   if (running(step) == 0) cold_begin_ = step;
+  ++started_;
+  base_sum_ += shape.base;
   ends_.erase(ends_.begin(), ends_.lower_bound(step));
   SeqTicket t;
   t.start = step;
@@ -154,7 +177,7 @@ int64_t LoadPlanner::fits(int64_t step, const SeqShape& shape, int64_t limit) co
 int64_t LoadPlanner::earliest_step(int64_t step, int n, const SeqShape& shape) const {
   const int64_t last = ends_.empty() ? step : std::max(step, ends_.rbegin()->first + 1);
   for (int64_t r = step; r <= last; ++r)
-    if (fits(r, shape, cfg_.load_limit) >= n) return r;
+    if (fits(r, shape, limit_for(shape)) >= n) return r;
   return -1;  // at `last` nothing runs any more, and still n do not fit
 }
 

@@ -28,7 +28,10 @@ struct ScheduleConfig {
   int seq_len = 1024;      // S: steps a sequence runs (the paper's maximum sequence length)
   int interval = 16;       // F: steps between micro-batch starts (sls; load_control's cold start)
   int micro_batch = 0;     // M: sequences per micro-batch; 0 = max(1, round(B·F/S))
-  int64_t load_limit = 0;  // W_lim in tokens; 0 = B(S+F)/2, the paper's W'_max
+  // W_lim in tokens; 0 = the paper's W'_max = B(S+F)/2 plus, since its model has no prompts,
+  // B times the mean cached prompt (SeqShape::base) of the sequences the planner started
+  int64_t load_limit = 0;
+  bool default_limit = false;  // set by resolve_schedule when load_limit was 0
 };
 
 // The config with defaults filled in; throws fd::Error naming a non-positive field.
@@ -61,6 +64,8 @@ class LoadPlanner {
  public:
   explicit LoadPlanner(const ScheduleConfig& cfg);
   const ScheduleConfig& config() const { return cfg_; }
+  // W_lim now: the configured limit, or the default one for the prompts started so far.
+  int64_t load_limit() const;
 
   // How many more sequences of this shape may start at `step`.
   int quota(int64_t step, const SeqShape& shape) const;
@@ -89,8 +94,12 @@ class LoadPlanner {
     int64_t offset = 0;  // sum of their offsets: their load at step t is n·t + offset
   };
   int started_at(int64_t step) const { return step == last_start_ ? started_last_ : 0; }
+  // W_lim for starting `next` (the default one counts its prompt in the mean).
+  int64_t limit_for(const SeqShape& next) const;
 
   ScheduleConfig cfg_;
+  int64_t started_ = 0;            // sequences ever started
+  int64_t base_sum_ = 0;           // their cached prompts, tokens
   std::map<int64_t, Group> ends_;  // by last planned step
   int64_t last_start_ = INT64_MIN;
   int started_last_ = 0;           // sequences started at last_start_

@@ -174,11 +174,42 @@ TEST_CASE("load control never plans above W_lim for random shapes, arrivals and 
       arrival += static_cast<int64_t>(rng() % 3);
       r.arrival = arrival;
     }
-    const auto tr = fd::simulate_schedule(cfg, reqs, 40000);
     INFO("round " << round << ", F = " << cfg.interval);
+    // The default W_lim follows the mean prompt (at most 59 tokens here); a given one is fixed.
+    const auto by_default = fd::simulate_schedule(cfg, reqs, 40000);
+    CHECK(by_default.peak <= w_lim + 32 * 59);
+    CHECK(by_default.finished == static_cast<int64_t>(reqs.size()));  // nobody starves
+    cfg.load_limit = w_lim;
+    const auto tr = fd::simulate_schedule(cfg, reqs, 40000);
     CHECK(tr.peak <= w_lim);
-    CHECK(tr.finished == static_cast<int64_t>(reqs.size()));  // nobody starves
+    CHECK(tr.finished == static_cast<int64_t>(reqs.size()));
   }
+}
+
+// sls's steady peak with prompts of p tokens is B(S+F)/2 + B(p-1). Under the paper's W'_max alone
+// load control could not keep that pattern and fell back to fewer sequences started in step.
+TEST_CASE("with prompts, load control's default W_lim keeps sls's pattern and batch", "[schedule]") {
+  const int b = 32, s = 128, f = 8, base = 4;
+  auto cfg = schedule(ScheduleKind::load_control, b, s, f);
+  std::vector<SimRequest> reqs(400);
+  for (auto& r : reqs) {
+    r.shape = SeqShape{base, s};
+    r.actual_steps = s;
+  }
+  const auto lc = fd::simulate_schedule(cfg, reqs, 8 * s);
+  const auto sls = fd::simulate_schedule(schedule(ScheduleKind::sls, b, s, f), reqs, 8 * s);
+  const int64_t w_lim = fd::resolve_schedule(cfg).load_limit + b * base;
+  CHECK(lc.peak <= w_lim);
+  CHECK(sls.peak == w_lim);
+  for (size_t t = 2 * s; t < lc.load.size(); ++t) {
+    INFO("step " << t);
+    CHECK(lc.running[t] >= b - 2);
+    CHECK(lc.load[t] >= w_lim - int64_t{b} * f);
+  }
+  // The paper's W'_max without the prompts, given explicitly, loses about 1 sequence in 6.
+  cfg.load_limit = fd::resolve_schedule(cfg).load_limit;
+  const auto fixed = fd::simulate_schedule(cfg, reqs, 8 * s);
+  CHECK(fixed.tokens * 100 < lc.tokens * 95);
 }
 
 TEST_CASE("large batch waits for the whole batch, an over-long sequence still runs alone", "[schedule]") {
