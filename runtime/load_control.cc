@@ -56,16 +56,19 @@ LoadPlanner::LoadPlanner(const ScheduleConfig& cfg)
 // its peak is B(S+F)/2 + B·base: a default W_lim without the prompts would keep load control
 // from sustaining that pattern (with 1-7 token prompts, B = 32, S = 128, F = 8, it starved after
 // the cold start and settled at 18 sequences per mini-batch started in step, a smaller large
-// batch).
+// batch). The mean is taken over the cold start's sequences and then held: a limit that moved
+// with every start would lie below plans made under an earlier, higher one, block starts until
+// their ends passed, and so bunch the starts again.
 int64_t LoadPlanner::limit_for(const SeqShape& next) const {
   if (!cfg_.default_limit) return cfg_.load_limit;
-  const double mean_base = double(base_sum_ + next.base) / double(started_ + 1);
+  const double mean_base = cold_started_ == 0 ? next.base : double(cold_base_sum_) / double(cold_started_);
   return cfg_.load_limit + static_cast<int64_t>(std::llround(cfg_.batch * mean_base));
 }
 
 int64_t LoadPlanner::load_limit() const {
-  if (!cfg_.default_limit || started_ == 0) return cfg_.load_limit;
-  return cfg_.load_limit + static_cast<int64_t>(std::llround(cfg_.batch * double(base_sum_) / double(started_)));
+  if (!cfg_.default_limit || cold_started_ == 0) return cfg_.load_limit;
+  return cfg_.load_limit +
+         static_cast<int64_t>(std::llround(cfg_.batch * double(cold_base_sum_) / double(cold_started_)));
 }
 
 int LoadPlanner::quota(int64_t step, const SeqShape& shape) const {
@@ -104,9 +107,14 @@ SeqTicket LoadPlanner::start(int64_t step, const SeqShape& shape) {
     throw Error("The load planner was asked to start a sequence at step " + std::to_string(step) +
                 ", before the step " + std::to_string(last_start_) + " of an earlier start.");
   }
-  if (running(step) == 0) cold_begin_ = step;
-  ++started_;
-  base_sum_ += shape.base;
+  if (running(step) == 0) {
+    cold_begin_ = step;
+    cold_started_ = cold_base_sum_ = 0;
+  }
+  if (step < cold_begin_ + cfg_.seq_len) {
+    ++cold_started_;
+    cold_base_sum_ += shape.base;
+  }
   ends_.erase(ends_.begin(), ends_.lower_bound(step));
   SeqTicket t;
   t.start = step;

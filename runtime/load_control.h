@@ -29,7 +29,7 @@ struct ScheduleConfig {
   int interval = 16;       // F: steps between micro-batch starts (sls; load_control's cold start)
   int micro_batch = 0;     // M: sequences per micro-batch; 0 = max(1, round(B·F/S))
   // W_lim in tokens; 0 = the paper's W'_max = B(S+F)/2 plus, since its model has no prompts,
-  // B times the mean cached prompt (SeqShape::base) of the sequences the planner started
+  // B times the mean cached prompt (SeqShape::base) of the sequences of the latest cold start
   int64_t load_limit = 0;
   bool default_limit = false;  // set by resolve_schedule when load_limit was 0
 };
@@ -98,8 +98,8 @@ class LoadPlanner {
   int64_t limit_for(const SeqShape& next) const;
 
   ScheduleConfig cfg_;
-  int64_t started_ = 0;            // sequences ever started
-  int64_t base_sum_ = 0;           // their cached prompts, tokens
+  int64_t cold_started_ = 0;       // sequences started in the latest cold start
+  int64_t cold_base_sum_ = 0;      // their cached prompts, tokens
   std::map<int64_t, Group> ends_;  // by last planned step
   int64_t last_start_ = INT64_MIN;
   int started_last_ = 0;           // sequences started at last_start_
