@@ -92,6 +92,7 @@ int LoadPlanner::quota(int64_t step, const SeqShape& shape) const {
       // A micro-batch opens when all M fit (Algorithm 1); once open, or in a cold-start slot,
       // it takes as many as fit.
       if (!cold && now == 0 && fit < cfg_.micro_batch) return 0;
+      if (!cold && now == 0 && step - last_start_ < start_gap()) return 0;
       return static_cast<int>(std::min<int64_t>(room, fit));
     }
   }
@@ -132,7 +133,22 @@ SeqTicket LoadPlanner::start(int64_t step, const SeqShape& shape) {
   return t;
 }
 
+// Algorithm 1 alone starts a micro-batch at the earliest step under W_lim, and nothing keeps
+// those steps apart: when a start is held back, the next ones follow right after it, their ends
+// bunch, and the bunches grow until load control runs like a smaller large batch (with 1-7 token
+// prompts, B = 32, S = 128, F = 8: 20 of 32 sequences running on average instead of 30).
+// Starts are therefore at least F·r steps apart, r the steps sequences actually ran over the
+// steps planned for them: F for sequences that run their course, as in sls, and as often as
+// needed to keep B running when they end early.
+int64_t LoadPlanner::start_gap() const {
+  if (planned_steps_ == 0) return cfg_.interval;
+  const double r = double(actual_steps_) / double(planned_steps_);
+  return std::max<int64_t>(1, std::llround(cfg_.interval * r));
+}
+
 void LoadPlanner::finish(const SeqTicket& ticket, int64_t last_step) {
+  planned_steps_ += ticket.end - ticket.start + 1;
+  actual_steps_ += std::clamp<int64_t>(last_step - ticket.start + 1, 1, ticket.end - ticket.start + 1);
   if (last_step >= ticket.end) return;  // ran to its planned end: nothing left to release
   auto it = ends_.find(ticket.end);
   if (it == ends_.end() || it->second.n == 0) return;

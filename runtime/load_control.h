@@ -96,10 +96,14 @@ class LoadPlanner {
   int started_at(int64_t step) const { return step == last_start_ ? started_last_ : 0; }
   // W_lim for starting `next` (the default one counts its prompt in the mean).
   int64_t limit_for(const SeqShape& next) const;
+  // Fewest steps between two starts after the cold start (see load_control.cc).
+  int64_t start_gap() const;
 
   ScheduleConfig cfg_;
   int64_t cold_started_ = 0;       // sequences started in the latest cold start
   int64_t cold_base_sum_ = 0;      // their cached prompts, tokens
+  int64_t planned_steps_ = 0;      // steps planned for the finished sequences
+  int64_t actual_steps_ = 0;       // steps they ran
   std::map<int64_t, Group> ends_;  // by last planned step
   int64_t last_start_ = INT64_MIN;
   int started_last_ = 0;           // sequences started at last_start_
