@@ -38,12 +38,19 @@ ScheduleConfig resolve_schedule(const ScheduleConfig& cfg) {
   }
   ScheduleConfig r = cfg;
   const double b = cfg.batch, s = cfg.seq_len, f = cfg.interval;
-  // M = B·F/S (the paper's micro-batch equation), at least one sequence.
-  if (r.micro_batch == 0) r.micro_batch = std::max(1, static_cast<int>(std::llround(b * f / s)));
+  // M = B·F/S (the paper's micro-batch equation). Below one sequence, one starts every ⌈S/B⌉
+  // steps instead: one every F steps would keep S/F sequences in flight, not B (B = 8, S = 256,
+  // F = 8: 32, four times the KV memory asked for).
+  if (r.micro_batch == 0 && b * f < s) {
+    r.micro_batch = 1;
+    r.interval = (cfg.seq_len + cfg.batch - 1) / cfg.batch;
+  } else if (r.micro_batch == 0) {
+    r.micro_batch = static_cast<int>(std::llround(b * f / s));
+  }
   // W'_max = B(S+F)/2, the steady-state peak of the load-stabilizing schedule (prompts aside:
   // LoadPlanner adds them).
   if (r.load_limit == 0) {
-    r.load_limit = int64_t{cfg.batch} * (int64_t{cfg.seq_len} + cfg.interval) / 2;
+    r.load_limit = int64_t{cfg.batch} * (int64_t{cfg.seq_len} + r.interval) / 2;
     r.default_limit = true;
   }
   return r;

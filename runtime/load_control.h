@@ -27,7 +27,7 @@ struct ScheduleConfig {
   int batch = 256;         // B: sequences in flight at steady state
   int seq_len = 1024;      // S: steps a sequence runs (the paper's maximum sequence length)
   int interval = 16;       // F: steps between micro-batch starts (sls; load_control's cold start)
-  int micro_batch = 0;     // M: sequences per micro-batch; 0 = max(1, round(B·F/S))
+  int micro_batch = 0;     // M: sequences per micro-batch; 0 = round(B·F/S), or 1 with F = ⌈S/B⌉ when B·F < S
   // W_lim in tokens; 0 = the paper's W'_max = B(S+F)/2 plus, since its model has no prompts,
   // B times the mean cached prompt (SeqShape::base) of the sequences of the latest cold start
   int64_t load_limit = 0;

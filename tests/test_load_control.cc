@@ -252,7 +252,24 @@ TEST_CASE("schedule configuration: defaults, names and errors", "[schedule]") {
   const auto r = fd::resolve_schedule(schedule(ScheduleKind::sls, 256, 1024, 16));
   CHECK(r.micro_batch == 4);
   CHECK(r.load_limit == 256 * 1040 / 2);
-  CHECK(fd::resolve_schedule(schedule(ScheduleKind::sls, 1, 1024, 16)).micro_batch == 1);
+  // Under one sequence per F steps, one every ⌈S/B⌉ steps keeps B in flight (not S/F).
+  const auto one = fd::resolve_schedule(schedule(ScheduleKind::sls, 1, 1024, 16));
+  CHECK(one.micro_batch == 1);
+  CHECK(one.interval == 1024);
+  const auto few = fd::resolve_schedule(schedule(ScheduleKind::sls, 8, 256, 8));
+  CHECK(few.micro_batch == 1);
+  CHECK(few.interval == 32);
+  CHECK(few.load_limit == 8 * (256 + 32) / 2);
+  std::vector<SimRequest> reqs(40);
+  for (auto& q : reqs) {
+    q.shape = SeqShape{0, 256};
+    q.actual_steps = 256;
+  }
+  for (auto kind : {ScheduleKind::sls, ScheduleKind::load_control}) {
+    const auto tr = fd::simulate_schedule(schedule(kind, 8, 256, 8), reqs, 1024);
+    CHECK(*std::max_element(tr.running.begin(), tr.running.end()) <= 8);
+    CHECK(tr.running[600] == 8);
+  }
   CHECK_THROWS_AS(fd::resolve_schedule(schedule(ScheduleKind::sls, 0, 1024, 16)), fd::Error);
   ScheduleKind k;
   REQUIRE(fd::parse_schedule("load-control", &k));
