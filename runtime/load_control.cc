@@ -56,8 +56,7 @@ ScheduleConfig resolve_schedule(const ScheduleConfig& cfg) {
   return r;
 }
 
-LoadPlanner::LoadPlanner(const ScheduleConfig& cfg)
-    : cfg_(resolve_schedule(cfg)) {}
+LoadPlanner::LoadPlanner(const ScheduleConfig& cfg) : cfg_(resolve_schedule(cfg)) {}
 
 // In sls's steady pattern every sequence is `base` tokens longer than in the paper's model, so
 // its peak is B(S+F)/2 + B·base: a default W_lim without the prompts would keep load control
@@ -72,11 +71,7 @@ int64_t LoadPlanner::limit_for(const SeqShape& next) const {
   return cfg_.load_limit + static_cast<int64_t>(std::llround(cfg_.batch * mean_base));
 }
 
-int64_t LoadPlanner::load_limit() const {
-  if (!cfg_.default_limit || cold_started_ == 0) return cfg_.load_limit;
-  return cfg_.load_limit +
-         static_cast<int64_t>(std::llround(cfg_.batch * double(cold_base_sum_) / double(cold_started_)));
-}
+int64_t LoadPlanner::load_limit() const { return limit_for(SeqShape{}); }
 
 int LoadPlanner::quota(int64_t step, const SeqShape& shape) const {
   const int now = started_at(step);

@@ -64,7 +64,7 @@ class LoadPlanner {
  public:
   explicit LoadPlanner(const ScheduleConfig& cfg);
   const ScheduleConfig& config() const { return cfg_; }
-  // W_lim now: the configured limit, or the default one for the prompts started so far.
+  // W_lim now: the configured limit, or the default one for the latest cold start's prompts.
   int64_t load_limit() const;
 
   // How many more sequences of this shape may start at `step`.
@@ -94,7 +94,8 @@ class LoadPlanner {
     int64_t offset = 0;  // sum of their offsets: their load at step t is n·t + offset
   };
   int started_at(int64_t step) const { return step == last_start_ ? started_last_ : 0; }
-  // W_lim for starting `next` (the default one counts its prompt in the mean).
+  // W_lim for starting `next`: the default one takes next's prompt as the mean until a cold
+  // start has begun.
   int64_t limit_for(const SeqShape& next) const;
   // Fewest steps between two starts after the cold start (see load_control.cc).
   int64_t start_gap() const;
