@@ -295,7 +295,8 @@ void stop_server(Server& s) {
   s.pid = -1;
 }
 
-// Times transfers over the three paths; every timing is one transfer including its answer.
+// Times transfers over the three paths, each including its answer: one at a time, or a stream
+// with a window of them in flight.
 class Paths {
  public:
   Paths(caf::actor_system& sys, Server& server)
@@ -336,10 +337,7 @@ class Paths {
     const auto t0 = Clock::now();
     size_t back = 0;
     self_->request(lane ? lane_ : basp_, std::chrono::seconds(120), std::move(msg))
-        .receive([&](attn_reply& r) { back = r.o.size(); },
-                 [&](caf::error& e) {
-                   throw Error(std::string(lane ? "data lane" : "BASP") + " path: " + sys_.render(e));
-                 });
+        .receive([&](attn_reply& r) { back = r.o.size(); }, [&](caf::error& e) { fail(lane, e); });
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (back != expect_back) throw Error("actor path: the reply has the wrong size");
     return s;
@@ -353,10 +351,7 @@ class Paths {
     using Handle = decltype(self_->request(to, std::chrono::seconds(120), std::move(msgs[0])));
     std::deque<Handle> inflight;
     const auto wait_oldest = [&] {
-      inflight.front().receive([](attn_reply&) {},
-                               [&](caf::error& e) {
-                                 throw Error(std::string(lane ? "data lane" : "BASP") + " path: " + sys_.render(e));
-                               });
+      inflight.front().receive([](attn_reply&) {}, [&](caf::error& e) { fail(lane, e); });
       inflight.pop_front();
     };
     const auto t0 = Clock::now();
@@ -376,15 +371,14 @@ class Paths {
     for (const auto& payload : payloads) {
       const RawHeader h{payload.size(), static_cast<uint64_t>(kAck)};
       if (inflight == window) {
-        if (!recv_all(raw_, &ack, 1)) throw Error("TCP path: the server closed the connection");
+        recv_answer(&ack, 1);
         --inflight;
       }
       send_all(raw_, reinterpret_cast<const char*>(&h), sizeof h);
       send_all(raw_, payload.data(), payload.size());
       ++inflight;
     }
-    for (; inflight > 0; --inflight)
-      if (!recv_all(raw_, &ack, 1)) throw Error("TCP path: the server closed the connection");
+    for (; inflight > 0; --inflight) recv_answer(&ack, 1);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
@@ -395,11 +389,18 @@ class Paths {
     send_all(raw_, payload.data(), payload.size());
     const size_t n = mode == kEcho ? payload.size() : 1;
     if (back.size() < n) back.resize(n);
-    if (!recv_all(raw_, back.data(), n)) throw Error("TCP path: the server closed the connection");
+    recv_answer(back.data(), n);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
  private:
+  [[noreturn]] void fail(bool lane, const caf::error& e) {
+    throw Error(std::string(lane ? "data lane" : "BASP") + " path: " + sys_.render(e));
+  }
+  void recv_answer(char* p, size_t n) {
+    if (!recv_all(raw_, p, n)) throw Error("TCP path: the server closed the connection");
+  }
+
   caf::actor_system& sys_;
   caf::scoped_actor self_;
   LaneAcceptor acceptor_;
