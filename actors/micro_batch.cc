@@ -71,12 +71,12 @@ bool is_finished(const MicroState& st, const Seq& s) {
 }
 
 // Samples one token per sequence; rows are in the order of the last mb_rows.
-int32_t take_logits(self_ptr self, const mb_logits& in) {
+void take_logits(self_ptr self, const mb_logits& in) {
   auto& st = self->state;
   const int vocab = st.cfg.model.vocab;
   if (in.logits.size() != st.seqs.size() * vocab * sizeof(float)) {
     finish_where(self, [](const Seq&) { return true; }, "internal error: logits of the wrong shape");
-    return 0;
+    return;
   }
   const float* l = as<float>(in.logits);
   for (size_t i = 0; i < st.seqs.size(); ++i) {
@@ -93,7 +93,6 @@ int32_t take_logits(self_ptr self, const mb_logits& in) {
     if (s.req.sink && token != st.cfg.eos) self->send(s.req.sink, token_event{s.req.tag, token});
   }
   finish_where(self, [&](const Seq& s) { return is_finished(st, s); }, "");
-  return static_cast<int32_t>(st.seqs.size());
 }
 
 // New shards for the homeless sequences; they re-prefill from their token history (prompt and
@@ -131,6 +130,21 @@ void replace_homeless(self_ptr self, caf::typed_response_promise<mb_rows> rp) {
           });
 }
 
+// The rows of the next step: cancelled sequences end first, homeless ones are re-placed.
+caf::result<mb_rows> next_rows(self_ptr self) {
+  auto& v0 = self->state.seqs;
+  auto gone = std::stable_partition(v0.begin(), v0.end(),
+                                    [](const Seq& s) { return s.cancelled.empty(); });
+  for (auto f = gone; f != v0.end(); ++f) finish_seq(self, *f, f->cancelled);
+  v0.erase(gone, v0.end());
+  const auto& v = self->state.seqs;
+  if (std::none_of(v.begin(), v.end(), [](const Seq& s) { return s.homeless; }))
+    return rows_of(self->state);
+  auto rp = self->make_response_promise<mb_rows>();
+  replace_homeless(self, rp);
+  return rp;
+}
+
 micro_batch_actor::behavior_type micro_behavior(self_ptr self, MicroBatchConfig cfg,
                                                 scheduler_actor scheduler,
                                                 std::vector<seq_start> seqs) {
@@ -148,20 +162,12 @@ micro_batch_actor::behavior_type micro_behavior(self_ptr self, MicroBatchConfig 
     st.seqs.push_back(std::move(s));
   }
   return {
-      [self](rows_atom) -> caf::result<mb_rows> {
-        auto& v0 = self->state.seqs;
-        auto gone = std::stable_partition(v0.begin(), v0.end(),
-                                          [](const Seq& s) { return s.cancelled.empty(); });
-        for (auto f = gone; f != v0.end(); ++f) finish_seq(self, *f, f->cancelled);
-        v0.erase(gone, v0.end());
-        const auto& v = self->state.seqs;
-        if (std::none_of(v.begin(), v.end(), [](const Seq& s) { return s.homeless; }))
-          return rows_of(self->state);
-        auto rp = self->make_response_promise<mb_rows>();
-        replace_homeless(self, rp);
-        return rp;
+      [self](rows_atom) { return next_rows(self); },
+      // One round trip per step: the answer to the logits is already the next step's rows.
+      [self](const mb_logits& in) {
+        take_logits(self, in);
+        return next_rows(self);
       },
-      [self](const mb_logits& in) { return take_logits(self, in); },
       [self](cancel_atom, uint64_t seq, const std::string& why) {
         for (auto& s : self->state.seqs)
           if (s.place.seq == seq && s.cancelled.empty()) s.cancelled = why;

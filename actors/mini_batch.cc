@@ -32,6 +32,9 @@ struct MiniState {
   stream_actor stream;
   std::vector<micro_batch_actor> micros;  // stepping
   std::vector<micro_batch_actor> joining; // join at the next step
+  // The next step's rows of every micro-batch, when their answers to the logits brought them:
+  // that step then starts without asking for rows. Empty when it must ask.
+  std::vector<mb_rows> next_rows_of;      // [micros]
   bool running = false;
   uint64_t step = 0;
   // The step in flight.
@@ -115,7 +118,9 @@ void trace_step_end(self_ptr self) {
 
 void on_output(self_ptr self, uint64_t step, s_output& out);
 
-void next_step(self_ptr self) {
+// Rows kept from the logits answers stay valid only for a step that follows a complete one.
+void next_step(self_ptr self, std::vector<mb_rows> rows = {}) {
+  self->state.next_rows_of = std::move(rows);
   self->state.running = false;
   ++self->state.step;  // late replies of the old step are ignored
   self->send(self, step_atom::value);
@@ -167,16 +172,26 @@ void scatter_logits(self_ptr self, uint64_t step, const bytes& logits) {
                 per[r.micro].logits.begin() + r.index * row_bytes);
   }
   st.pending = static_cast<int>(st.micros.size());
+  auto next = std::make_shared<std::vector<mb_rows>>(st.micros.size());
+  auto all_answered = std::make_shared<bool>(true);
   for (size_t m = 0; m < st.micros.size(); ++m) {
-    auto done = [self, step] {
+    auto done = [self, step, next, all_answered] {
       auto& st = self->state;
       if (!current(st, step) || --st.pending > 0) return;
       trace_step_end(self);
       self->send(st.scheduler, step_atom::value, static_cast<int32_t>(st.cfg.index));
-      next_step(self);
+      next_step(self, *all_answered ? std::move(*next) : std::vector<mb_rows>{});
     };
     self->request(st.micros[m], st.cfg.timeout, std::move(per[m]))
-        .then([done](int32_t) { done(); }, [done](caf::error&) { done(); });
+        .then(
+            [done, next, m](mb_rows& rows) {
+              (*next)[m] = std::move(rows);
+              done();
+            },
+            [done, all_answered](caf::error&) {
+              *all_answered = false;
+              done();
+            });
   }
 }
 
@@ -359,10 +374,14 @@ void start_layers(self_ptr self, uint64_t step) {
             [self, step](caf::error& e) { stream_failed(self, step, e); });
 }
 
-// A step starts by asking every micro-batch for its rows.
+// A step starts with every micro-batch's rows: those that came with the last step's logits, and
+// for the others (all of them after a failed step, and those joining) a rows request.
 void run_step(self_ptr self) {
   auto& st = self->state;
   if (st.running) return;
+  const size_t known = st.next_rows_of.size() == st.micros.size() ? st.micros.size() : 0;
+  st.rows_of = std::move(st.next_rows_of);
+  st.next_rows_of.clear();
   for (auto& m : st.joining) st.micros.push_back(std::move(m));
   st.joining.clear();
   if (st.micros.empty()) return;
@@ -372,9 +391,11 @@ void run_step(self_ptr self) {
     st.step_t0 = trace_now_us();
     st.s_us = st.r_us = st.comm_us = st.max_compute_us = 0;
   }
-  st.rows_of.assign(st.micros.size(), mb_rows{});
-  st.pending = static_cast<int>(st.micros.size());
-  for (size_t m = 0; m < st.micros.size(); ++m)
+  st.rows_of.resize(known);  // all kept, or none: then every micro-batch is asked
+  st.rows_of.resize(st.micros.size());
+  st.pending = static_cast<int>(st.micros.size() - known);
+  if (st.pending == 0) return start_layers(self, step);
+  for (size_t m = known; m < st.micros.size(); ++m)
     self->request(st.micros[m], caf::infinite, rows_atom::value)
         .then(
             [self, step, m](mb_rows& rows) {
@@ -412,6 +433,7 @@ mini_batch_actor::behavior_type mini_behavior(self_ptr self, MiniBatchConfig cfg
       },
       [self](lost_atom, int32_t shard) {
         auto& st = self->state;
+        st.next_rows_of.clear();  // they may place sequences on the lost shard
         tell_lost(self, shard);
         if (std::find(st.lost.begin(), st.lost.end(), shard) == st.lost.end())
           st.lost.push_back(shard);

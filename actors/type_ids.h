@@ -115,7 +115,7 @@ struct mb_logits {
 // Micro-batch: sequences that started together and step together until each has ended.
 using micro_batch_actor = caf::typed_actor<
     caf::replies_to<rows_atom>::with<mb_rows>,   // rows of the next step (re-placing if needed)
-    caf::replies_to<mb_logits>::with<int32_t>,   // sample; answers how many sequences go on
+    caf::replies_to<mb_logits>::with<mb_rows>,   // sample, then the rows of the next step
     caf::reacts_to<cancel_atom, uint64_t, std::string>,  // end a sequence with this error
     caf::reacts_to<lost_atom, int32_t>>;         // sequences on this shard must move
 
