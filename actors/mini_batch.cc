@@ -179,8 +179,10 @@ void scatter_logits(self_ptr self, uint64_t step, const bytes& logits) {
       auto& st = self->state;
       if (!current(st, step) || --st.pending > 0) return;
       trace_step_end(self);
-      self->send(st.scheduler, step_atom::value, static_cast<int32_t>(st.cfg.index));
+      // The next step is queued before the report leaves: a micro-batch the scheduler admits on
+      // the report then always joins the step after it, as its planner assumes.
       next_step(self, *all_answered ? std::move(*next) : std::vector<mb_rows>{});
+      self->send(st.scheduler, step_atom::value, static_cast<int32_t>(st.cfg.index));
     };
     self->request(st.micros[m], st.cfg.timeout, std::move(per[m]))
         .then(

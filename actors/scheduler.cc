@@ -216,6 +216,16 @@ size_t least_loaded_mini(const SchedState& st) {
                              st.mini_seqs.begin());
 }
 
+// The step a micro-batch admitted now runs first, numbered as mini_step counts them (step i runs
+// after i completed ones), which is how its planner must see it: a running mini-batch has begun
+// step mini_step before its report of the previous one arrives here, so the newcomer joins the
+// step after; an idle one starts step mini_step with it. Planning both at mini_step made the first
+// micro-batch of a cold start run a step earlier than planned relative to the later ones, so their
+// replacements came a step late (B - M running for that step) or a step early (B + M).
+int64_t join_step(const SchedState& st, size_t mini) {
+  return st.mini_step[mini] + (st.mini_seqs[mini] > 0 ? 1 : 0);
+}
+
 // Whether an idle mini-batch should wait for more requests before it starts (admission_window).
 bool batch_filling(const SchedState& st) {
   if (st.queue.empty()) return false;
@@ -223,7 +233,7 @@ bool batch_filling(const SchedState& st) {
   if (st.mini_seqs[mini] > 0) return false;
   const auto it = st.live.find(st.queue.front());
   if (it == st.live.end() || clock::now() - it->second.since >= st.cfg.admission_window) return false;
-  const int quota = st.planners[mini].quota(st.mini_step[mini], shape_of(it->second.req));
+  const int quota = st.planners[mini].quota(join_step(st, mini), shape_of(it->second.req));
   const size_t room = static_cast<size_t>(st.cfg.max_batch) - std::min<size_t>(st.in_batch, st.cfg.max_batch);
   return st.queue.size() < std::min<size_t>(room, static_cast<size_t>(std::max(quota, 0)));
 }
@@ -236,6 +246,7 @@ void admit_queued(self_ptr self, int target = -1) {
     else if (st.mini_seqs[mini] > 0) return;  // running mini-batches admit at their steps
   }
   std::vector<seq_start> group;
+  const int64_t at = join_step(st, mini);
   while (!st.queue.empty() && st.in_batch < static_cast<size_t>(st.cfg.max_batch)) {
     const uint64_t seq = st.queue.front();
     auto it = st.live.find(seq);
@@ -250,7 +261,7 @@ void admit_queued(self_ptr self, int target = -1) {
       continue;
     }
     if (st.cfg.scheduled &&
-        st.planners[mini].quota(st.mini_step[mini], shape_of(l.req)) <= 0)
+        st.planners[mini].quota(at, shape_of(l.req)) <= 0)
       break;
     l.mini = mini;  // placement spreads each mini-batch over the shards
     if (!place(st, l)) {
@@ -260,7 +271,7 @@ void admit_queued(self_ptr self, int target = -1) {
     st.said_waiting = false;
     st.queue.pop_front();
     ++st.in_batch;
-    if (st.cfg.scheduled) l.ticket = st.planners[mini].start(st.mini_step[mini], shape_of(l.req));
+    if (st.cfg.scheduled) l.ticket = st.planners[mini].start(at, shape_of(l.req));
     group.push_back(seq_start{place_of(st, seq, l), l.req});
   }
   if (group.empty()) return;

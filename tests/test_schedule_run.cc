@@ -89,6 +89,21 @@ TEST_CASE("sls and large-batch generate the same tokens, sls peaks lower", "[sch
   // large-batch: the burst of 2·B requests runs as two full batches, one after the other.
   CHECK(runs[0].steps.size() == size_t(2 * steps));
   for (const auto& s : runs[0].steps) CHECK(s.seqs == batch);
+  // sls: once the cold start is over and while requests wait, every step runs exactly the
+  // S/F·M sequences of the schedule. A micro-batch that joined a step earlier or later than its
+  // planner assumed (the cold start's first one, or one admitted before its mini-batch had begun
+  // the next step) showed up as a step with M more or M fewer.
+  {
+    fd::ScheduleConfig c = opt.schedule;
+    c.kind = fd::ScheduleKind::sls;
+    c = fd::resolve_schedule(c);
+    const int in_flight = steps / c.interval * c.micro_batch;
+    REQUIRE(runs[1].steps.size() > size_t(2 * steps));
+    for (size_t t = steps; t < size_t(2 * steps); ++t) {
+      INFO("sls step " << t);
+      CHECK(runs[1].steps[t].seqs == in_flight);
+    }
+  }
   const fd::ScheduleSummary large = fd::summarize(runs[0]), sls = fd::summarize(runs[1]);
   // large-batch runs B sequences of lengths up to prompt + S - 1 together: at least B·S at its peak.
   CHECK(large.peak_load >= int64_t(batch) * steps);
