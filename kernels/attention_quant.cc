@@ -213,35 +213,46 @@ HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const 
 }
 
 // The same for a q8 head block: rows of int8 with fp32 scales `scales` (indexed by row).
-// DK: int16 lanes per chunk.
+// DK: int16 lanes per chunk. Each key chunk is widened once for up to four queries (more would
+// not fit the accumulators in registers).
 template <int NQ, class DK>
 HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* rows,
                             const float* scales, const QuantQuery* qq, float (*sums)[4]) {
-  const hn::Rebind<int8_t, DK> d8;
-  const hn::Repartition<int32_t, DK> d32;
-  const hn::Full128<float> d4;
-  const hn::Full128<int32_t> d4i;
-  const size_t L = hn::Lanes(dk);
-  float row_scale[4];
-  for (int i = 0; i < 4; ++i) row_scale[i] = scales[rows[i]];
-  const auto rs = hn::LoadU(d4, row_scale);
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j) {
-    hn::Vec<decltype(d32)> a[4], a1[4];
+  if constexpr (NQ > 4) {
+    ScoreQuadQ8<4>(dk, data, hd, rows, scales, qq, sums);
+    ScoreQuadQ8<NQ - 4>(dk, data, hd, rows, scales, qq + 4, sums + 4);
+  } else {
+    const hn::Rebind<int8_t, DK> d8;
+    const hn::Repartition<int32_t, DK> d32;
+    const hn::Full128<float> d4;
+    const hn::Full128<int32_t> d4i;
+    const size_t L = hn::Lanes(dk);
+    float row_scale[4];
+    for (int i = 0; i < 4; ++i) row_scale[i] = scales[rows[i]];
+    const auto rs = hn::LoadU(d4, row_scale);
+    hn::Vec<decltype(d32)> a[NQ][4], a1[NQ][4];
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) a[i] = a1[i] = hn::Zero(d32);
+    for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) a[j][i] = a1[j][i] = hn::Zero(d32);
     for (size_t c = 0; c < hd; c += L) {
-      const auto qv = hn::Load(dk, qq[j].q16 + c);
+      hn::Vec<DK> k[4];
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const auto k = hn::PromoteTo(dk, hn::LoadU(d8, data + rows[i] * hd + c));
-        a[i] = hn::ReorderWidenMulAccumulate(d32, k, qv, a[i], a1[i]);
+      for (int i = 0; i < 4; ++i) k[i] = hn::PromoteTo(dk, hn::LoadU(d8, data + rows[i] * hd + c));
+#pragma GCC unroll 4
+      for (int j = 0; j < NQ; ++j) {
+        const auto qv = hn::Load(dk, qq[j].q16 + c);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) a[j][i] = hn::ReorderWidenMulAccumulate(d32, k[i], qv, a[j][i], a1[j][i]);
       }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) a[i] = hn::Add(a[i], a1[i]);
-    const auto r = hn::BitCast(d4i, FoldBlocks(d32, Sum4InBlocks(d32, a[0], a[1], a[2], a[3])));
-    hn::StoreU(hn::Mul(hn::ConvertTo(d4, r), hn::Mul(rs, hn::Set(d4, qq[j].qscale))), d4, sums[j]);
+    for (int j = 0; j < NQ; ++j) {
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) a[j][i] = hn::Add(a[j][i], a1[j][i]);
+      const auto r = hn::BitCast(d4i, FoldBlocks(d32, Sum4InBlocks(d32, a[j][0], a[j][1], a[j][2], a[j][3])));
+      hn::StoreU(hn::Mul(hn::ConvertTo(d4, r), hn::Mul(rs, hn::Set(d4, qq[j].qscale))), d4, sums[j]);
+    }
   }
 }
 
