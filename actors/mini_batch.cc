@@ -393,7 +393,7 @@ void run_step(self_ptr self) {
     st.step_t0 = trace_now_us();
     st.s_us = st.r_us = st.comm_us = st.max_compute_us = 0;
   }
-  st.rows_of.resize(known);  // all kept, or none: then every micro-batch is asked
+  if (known == 0) st.rows_of.clear();  // all kept, or none: then every micro-batch is asked
   st.rows_of.resize(st.micros.size());
   st.pending = static_cast<int>(st.micros.size() - known);
   if (st.pending == 0) return start_layers(self, step);
