@@ -16,7 +16,7 @@ struct GatekeeperConfig {
   uint64_t run_id = 0;   // random per gpu-node run
   ModelConfig model;
   std::vector<r_group> groups;  // what a shard of each R-group holds
-  int block_tokens = 16;
+  int block_tokens = 64;  // tokens per KV page, told to joining cpu nodes
   Vocab vocab{};         // sent to clients, which tokenize without the model file
   // The data lanes of cpu nodes (actors/data_lane.h); null: shards register without one.
   std::shared_ptr<LaneRegistry> lanes;

@@ -24,7 +24,7 @@ void configure_network(caf::actor_system_config& cfg, caf::timespan connection_t
 struct LocalOptions {
   int shards = 2;
   size_t kv_memory = size_t(1) << 30;  // bytes per shard
-  int block_tokens = 16;
+  int block_tokens = 64;  // tokens per KV page (runtime/kv_store.h)
   int max_batch = 256;
   caf::timespan timeout = std::chrono::seconds(60);     // per S-part or R-part request
   caf::timespan shard_wait = std::chrono::seconds(30);  // work waits this long for a shard

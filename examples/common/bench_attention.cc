@@ -40,7 +40,7 @@ struct BenchOptions {
   std::vector<kernels::KvDtype> dtypes;
   int threads = 1;
   int kv_heads = 8;
-  int block_tokens = 16;
+  int block_tokens = 64;
   double min_time = 0.2;  // seconds per case
   size_t max_kv_bytes = 0;
   size_t stream_bytes = 0;
@@ -79,7 +79,7 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
       ("kv-dtype", po::value<std::string>()->default_value("f16"), "KV formats: f16,q8,q4")
       ("threads", po::value<int>(&o.threads)->default_value(hw), "attention and stream threads")
       ("kv-heads", po::value<int>(&o.kv_heads)->default_value(8), "kv heads per sequence")
-      ("block-tokens", po::value<int>(&o.block_tokens)->default_value(16), "tokens per KV page")
+      ("block-tokens", po::value<int>(&o.block_tokens)->default_value(64), "tokens per KV page")
       ("min-time", po::value<double>(&o.min_time)->default_value(0.2, "0.2"), "seconds measured per case")
       ("max-kv", po::value<std::string>()->default_value("1GiB"), "skip cases whose KV exceeds this")
       ("stream-size", po::value<std::string>()->default_value("1GiB"), "bandwidth probe array size")

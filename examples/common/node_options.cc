@@ -108,6 +108,8 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("threads", po::value(&a.local.attn_threads)->default_value(0),
        "attention threads of this node, shared by its shards (0: all cores)")
       ("kv-dtype", po::value(&kv_dtype)->default_value("f16"), "KV-cache format: f16, int8 or int4")
+      ("block-tokens", po::value(&a.local.block_tokens)->default_value(64),
+       "gpu/all: tokens per KV-cache page (cpu nodes take the gpu node's)")
       ("caf-threads", po::value(&a.threads)->default_value(2), "actor scheduler threads")
       ("gemm-threads", po::value(&a.gemm_threads)->default_value(0),
        "BLAS threads of each CPU S-part call (0: cores / --pipeline; concurrent callers that "
@@ -162,6 +164,10 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   }
   if (a.threads < 1) throw Error("--caf-threads must be at least 1");
   if (a.local.attn_threads < 0) throw Error("--threads must be >= 0");
+  if (a.local.block_tokens < 1 || a.local.block_tokens > 4096)
+    throw Error("--block-tokens must be 1 to 4096, not " + std::to_string(a.local.block_tokens));
+  if (a.role == "cpu" && !vm["block-tokens"].defaulted())
+    throw Error("--block-tokens is set on the gpu node; a cpu node takes its page size when it joins");
   if (kv_dtype == "f16") a.local.kv_dtype = kernels::KvDtype::f16;
   else if (kv_dtype == "int8") a.local.kv_dtype = kernels::KvDtype::q8;
   else if (kv_dtype == "int4") a.local.kv_dtype = kernels::KvDtype::q4;
