@@ -63,7 +63,7 @@ void reference_run(ReferenceModel& ref, const std::vector<int32_t>& prompt, int 
 
 void compare_with_reference(std::shared_ptr<const fd::Model> model,
                             const std::vector<std::vector<int32_t>>& prompts, int n_gen,
-                            int shards, int pipeline = 2) {
+                            int shards, int pipeline = 2, int block_tokens = 0) {
   std::vector<fd::gen_request> reqs;
   for (const auto& p : prompts) {
     fd::gen_request r;
@@ -73,7 +73,7 @@ void compare_with_reference(std::shared_ptr<const fd::Model> model,
     r.want_logits = true;
     reqs.push_back(r);
   }
-  auto results = run_pipeline(model, reqs, shards, fd::kernels::KvDtype::f16, pipeline);
+  auto results = run_pipeline(model, reqs, shards, fd::kernels::KvDtype::f16, pipeline, block_tokens);
   REQUIRE(results.size() == prompts.size());
   ReferenceModel ref(*model);
   const int vocab = model->cfg.vocab;
@@ -149,6 +149,14 @@ TEST_CASE("pipeline matches the reference on stories260K", "[pipeline]") {
 TEST_CASE("one to four mini-batches in flight match the reference on stories260K", "[pipeline]") {
   auto model = stories();
   for (int pipeline : {1, 3, 4}) compare_with_reference(model, story_prompts(*model, 9), 10, 2, pipeline);
+}
+
+TEST_CASE("KV pages of 1 to 128 tokens match the reference on stories260K", "[pipeline]") {
+  auto model = stories();
+  for (int block : {1, 7, 128}) {
+    INFO(block << " tokens per page");
+    compare_with_reference(model, story_prompts(*model, 5), 12, 2, 2, block);
+  }
 }
 
 TEST_CASE("pipeline matches the reference on a head_dim 128, 4:1 GQA random model", "[pipeline]") {
