@@ -61,21 +61,29 @@ HWY_INLINE void StoreNormalized(D d, const float* HWY_RESTRICT acc, float l, siz
   for (size_t c = 0; c < hd; c += hn::Lanes(d)) hn::StoreU(hn::Mul(hn::Load(d, acc + c), inv), d, out + c);
 }
 
+// The cache level PacedPrefetch fills.
+enum class FetchTo { kL1, kL2 };
+
 // Fetches bytes [begin, end) after base into the cache in `slices` slices, one per call of
 // Next(), so that the requests do not arrive in one burst; a null base fetches nothing.
 class PacedPrefetch {
  public:
-  PacedPrefetch(const uint8_t* base, size_t begin, size_t end, size_t slices)
-      : base_(base), at_(begin / 64 * 64), begin_(begin), end_(end), slices_(slices) {}
+  PacedPrefetch(const uint8_t* base, size_t begin, size_t end, size_t slices, FetchTo to = FetchTo::kL1)
+      : base_(base), at_(begin / 64 * 64), begin_(begin), end_(end), slices_(slices), to_(to) {}
   HWY_INLINE void Next() {
     if (base_ == nullptr) return;
     const size_t to = std::min(end_, begin_ + (end_ - begin_) * ++done_ / slices_);
-    for (; at_ < to; at_ += 64) hwy::Prefetch(base_ + at_);
+    if (to_ == FetchTo::kL1) {
+      for (; at_ < to; at_ += 64) __builtin_prefetch(base_ + at_, 0, 3);
+    } else {
+      for (; at_ < to; at_ += 64) __builtin_prefetch(base_ + at_, 0, 2);
+    }
   }
 
  private:
   const uint8_t* base_;
   size_t at_, begin_, end_, slices_, done_ = 0;
+  FetchTo to_;
 };
 
 // Walks [0, n) in passes: of Wide steps of `step` while they fit, then (when Wide > Mid) of Mid,

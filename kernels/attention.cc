@@ -42,6 +42,14 @@ namespace fd::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Where the next visit's rows are fetched: to L2 when a visit's K and V and the next visit's
+// (4 head blocks) exceed this, since rows fetched into L1 were then evicted before use (L1 is
+// 48 KiB on the Xeon this was measured on). From memory, 2 threads, 64-token blocks, A/B in one
+// session: hd128 (64 KiB) read 7-9 % faster with L2 (GQA 1 1153-1181 -> 1233-1281 tokens/s,
+// GQA 4 1021-1072 -> 1104-1147); hd64 (32 KiB) gained nothing from L2 at GQA 1 and lost 5 % at
+// GQA 4, so it stays with L1.
+constexpr size_t kL1FetchBytes = size_t(32) << 10;
+
 // Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's block
 // as fp32. Layouts are documented in kernels/kv_format.h.
 struct F16Rows {
@@ -115,6 +123,7 @@ struct TileState {
   float m[NQ], l[NQ];
   int max_limit = 0;   // keys [0, max_limit) are visible to some query of the tile
   size_t head_off = 0;  // bytes from a block's start to the tile's kv head
+  FetchTo fetch_to = FetchTo::kL1;  // for the next visit's rows
 };
 
 template <int NQ>
@@ -130,6 +139,7 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
     st.max_limit = std::max(st.max_limit, tile.limit[j]);
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
+  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? FetchTo::kL2 : FetchTo::kL1;
 }
 
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
@@ -157,7 +167,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     const size_t tb = static_cast<size_t>(t0) - b * bt;
     const int n = std::min(kTileT, block_end - t0);
     const size_t rows_begin = tb * row_bytes, rows_end = (tb + static_cast<size_t>(n)) * row_bytes;
-    PacedPrefetch next_keys(kn, rows_begin, rows_end, static_cast<size_t>(n / TP + n % TP));
+    PacedPrefetch next_keys(kn, rows_begin, rows_end, static_cast<size_t>(n / TP + n % TP), st.fetch_to);
     for (int t = 0; t < n;) {
       next_keys.Next();
       float sums[TP * NQ];
@@ -174,7 +184,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
       t += rows;
     }
     for (int j = 0; j < NQ; ++j) SoftmaxFoldTile(dt, d, st.s[j], n, kTileT, st.m[j], st.l[j], st.acc[j], hd);
-    PacedPrefetch next_values(vn, rows_begin, rows_end, CountPasses<CB, 4>(hd, L));
+    PacedPrefetch next_values(vn, rows_begin, rows_end, CountPasses<CB, 4>(hd, L), st.fetch_to);
     ForEachPass<CB, 4>(hd, L, [&](size_t c, auto width) {
       next_values.Next();
       AccumulateRows<NQ, decltype(width)::value>(d, vr, tb, n, st.s, c, st.acc);
