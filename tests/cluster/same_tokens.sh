@@ -1,5 +1,7 @@
 # One gpu node and two cpu nodes (1 and 2 shards) generate the same greedy tokens as --role all,
-# on the shared stories260K model and on a random model from fastdecode-mkmodel.
+# on the shared stories260K model and on a random model from fastdecode-mkmodel; and with the gpu
+# node's page size set to 16 tokens, which the cpu nodes take when they join (the softmax tiles
+# are 16 keys either way, so the arithmetic is the same as the reference's 64-token pages).
 source "$(dirname "$0")/lib.bash" "$@"
 
 cat >"$WORK/stories.txt" <<'PROMPTS'
@@ -15,12 +17,14 @@ PROMPTS
 prompts "$WORK/random.txt" 8
 random_model "$WORK/random.gguf"
 
+# check_model MODEL PROMPTS N TAG [GPU-NODE EXTRA...]
 check_model() {
   local model=$1 prompts=$2 n=$3 tag=$4
+  shift 4
   reference "$WORK/$tag-ref.json" "$model" "$prompts" "$n"
   local port
   port=$(free_port)
-  gpu_node "gpu-$tag" "$port" "$model" "$prompts" "$n" --min-shards 3
+  gpu_node "gpu-$tag" "$port" "$model" "$prompts" "$n" --min-shards 3 "$@"
   cpu_node "cpu-$tag-a" "$port" --shards 1
   cpu_node "cpu-$tag-b" "$port" --shards 2
   finish "gpu-$tag" 60
@@ -36,4 +40,6 @@ check_model() {
 
 check_model "$SHARED/models/stories260K.gguf" "$WORK/stories.txt" 96 stories
 check_model "$WORK/random.gguf" "$WORK/random.txt" 200 random
+check_model "$SHARED/models/stories260K.gguf" "$WORK/stories.txt" 96 stories-b16 --block-tokens 16
+expect_log gpu-stories-b16 "shard cpu-stories-b16-b/shard-1 joined (.* pages of 16 tokens)"
 log "passed"
