@@ -18,17 +18,17 @@ stage_actor spawn_stage(caf::actor_system& sys, std::shared_ptr<const SPartBacke
                         bool last);
 
 // What a stream (or a tensor-parallel rank) answers once layer next_layer - 1 is done: the next
-// layer's Q/K/V (computed into qkv, sent as raw bytes), past the last layer the logits when
-// `logits` says it produces them, else nothing (returns false).
+// layer's Q/K/V (computed into qkv, whose bytes move into out), past the last layer the logits
+// when `logits` says it produces them, else nothing (returns false).
 template <class Backend, class State>
 bool fill_output(const Backend& b, State& act, int next_layer, bool logits, AttnIn& qkv,
                  s_output& out) {
   out.next_layer = next_layer;
   if (next_layer < b.config().n_layers) {
     b.attn_in(act, next_layer, qkv);
-    out.q = to_bytes(qkv.q.data(), qkv.q.size());
-    out.k = to_bytes(qkv.k.data(), qkv.k.size());
-    out.v = to_bytes(qkv.v.data(), qkv.v.size());
+    out.q = qkv.q.release();
+    out.k = qkv.k.release();
+    out.v = qkv.v.release();
     return true;
   }
   if (!logits) return false;

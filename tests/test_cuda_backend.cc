@@ -75,8 +75,9 @@ std::unique_ptr<fd::SPartBackend> cuda_or_skip(const fd::Model& m, int max_rows 
   return b;
 }
 
-// max|a - b| / max|b|
-double norm_err(const std::vector<float>& a, const std::vector<float>& b) {
+// max|a - b| / max|b|; A and B: float arrays (std::vector, fd::TypedBytes)
+template <class A, class B>
+double norm_err(const A& a, const B& b) {
   REQUIRE(a.size() == b.size());
   REQUIRE(!b.empty());
   double err = 0.0, scale = 0.0;
@@ -88,7 +89,8 @@ double norm_err(const std::vector<float>& a, const std::vector<float>& b) {
   return err / scale;
 }
 
-std::vector<float> widen(const std::vector<uint16_t>& h) {
+template <class H>  // fp16 bits: std::vector<uint16_t>, fd::TypedBytes<uint16_t>
+std::vector<float> widen(const H& h) {
   std::vector<float> out(h.size());
   for (size_t i = 0; i < h.size(); ++i) out[i] = ref::f16_bits_to_float(h[i]);
   return out;

@@ -214,7 +214,7 @@ TEST_CASE("sim backend: outputs have the model's shape and depend only on token,
   // Values in range: q uniform in [-1, 1); rows differ between layers and tokens.
   CHECK(std::all_of(a.layers[0].q.begin(), a.layers[0].q.end(), [](float x) { return x >= -1 && x < 1; }));
   CHECK(a.layers[0].q != a.layers[1].q);
-  const auto row = [](const std::vector<float>& v, int r, int w) {
+  const auto row = [](const auto& v, int r, int w) {  // a float array's row r of width w
     return std::vector<float>(v.begin() + r * w, v.begin() + (r + 1) * w);
   };
   CHECK(row(a.layers[0].q, 0, 64) != row(a.layers[0].q, 2, 64));  // same token, other position
@@ -226,8 +226,8 @@ TEST_CASE("sim backend: outputs have the model's shape and depend only on token,
   one.logit_rows = {0};
   const StepOut c = run(*be1, one);
   for (int l = 0; l < 3; ++l) {
-    CHECK(c.layers[l].q == row(a.layers[l].q, 3, 64));
-    CHECK(c.layers[l].k == std::vector<uint16_t>(a.layers[l].k.begin() + 96, a.layers[l].k.end()));
+    CHECK(c.layers[l].q.to_vector() == row(a.layers[l].q, 3, 64));
+    CHECK(c.layers[l].k.to_vector() == std::vector<uint16_t>(a.layers[l].k.begin() + 96, a.layers[l].k.end()));
   }
   CHECK(c.logits == row(a.logits, 1, 300));
 }

@@ -138,10 +138,12 @@ class CudaBackend : public SPartBackend {
     const DeviceLayer& w = weights(layer);
     const size_t rows = static_cast<size_t>(s.rows);
     const size_t qn = rows * c_.q_width(), kvn = rows * c_.kv_width();
-    out.q.resize(qn);
-    out.k.resize(kvn);
-    out.v.resize(kvn);
-    if (rows == 0) return;
+    const auto size_out = [&] {
+      out.q.resize(qn);
+      out.k.resize(kvn);
+      out.v.resize(kvn);
+    };
+    if (rows == 0) return size_out();
     use_device();
     auto* q = reinterpret_cast<float*>(s.qkv.get());
     auto* k = reinterpret_cast<uint16_t*>(s.qkv.get() + qn * sizeof(float));
@@ -158,6 +160,9 @@ class CudaBackend : public SPartBackend {
     FD_CUDA_CHECK(cudaMemcpyAsync(s.h_qkv.get(), s.qkv.get(), bytes, cudaMemcpyDeviceToHost, s.stream),
                   device_);
     FD_CUDA_CHECK(cudaEventRecord(s.outputs_ready, s.stream), device_);
+    // The buffers are fresh each layer (their bytes leave with the message): zeroed while the GPU
+    // works.
+    size_out();
     FD_CUDA_CHECK(cudaEventSynchronize(s.outputs_ready), device_);
     const unsigned char* h = s.h_qkv.get();
     std::memcpy(out.q.data(), h, qn * sizeof(float));
