@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -334,8 +335,8 @@ bool parse_options(int argc, char** argv, Options& o) {
        "attention threads shared by the shards (0: all cores; fewer leave cores to the S side's "
        "actors, as R-workers on other nodes would)")
       ("sim-scale", po::value(&o.sim_scale)->default_value(o.sim_scale),
-       "factor on the profile's T(B), or 'balance': a pilot sls run measures the device's and the "
-       "shards' work, and T is scaled to make them equal")
+       "factor on the profile's T(B), or 'balance': pilot sls runs measure the device's and the "
+       "shards' work, and T is scaled to make them equal (corrected by a pilot before each round)")
       ("repeat", po::value(&o.repeat)->default_value(o.repeat),
        "rounds over the schedules, interleaved so that all see the same machine; medians reported")
       ("seed", po::value(&o.seed)->default_value(o.seed), "model and prompt seed");
@@ -380,21 +381,31 @@ std::string write_scaled_profile(const SimProfile& p, double k, const std::strin
 }
 
 // The paper balances S- and R-part by choosing P ≈ B·S·R / (2·T(B)) (equ:cpucon); this
-// machine's cores are fixed, so T is scaled instead. A pilot sls run with the profile as it is
-// measures, over its steady window, how long the device and the shards work; the factor makes
-// the device work as long as the shards (sls keeps the R-load flat, so one factor holds for the
-// whole steady state).
+// machine's cores are fixed, so T is scaled instead. A pilot sls run at factor k measures, over
+// its steady window, how long the device and the shards work, and k is corrected until they work
+// equally long (sls keeps the R-load flat, so one factor holds for the whole steady state), in at
+// most `pilots` runs. From k = 1 the shards alone are busy; in a balanced run they share the
+// cores with the device's hand-overs and work more slowly, so the first correction falls short
+// by a few percent, and a pilot at the corrected factor measures the shards as the runs see them.
 double balance_scale(std::shared_ptr<const Model> model, const LocalOptions& base,
-                     const std::vector<gen_request>& reqs, int threads) {
+                     const std::vector<gen_request>& reqs, int threads, const SimProfile& profile,
+                     const std::string& dir, double k, int pilots) {
+  constexpr double kClose = 0.02;  // within the drift of this VM from run to run
   LocalOptions opt = base;
   opt.schedule.kind = ScheduleKind::sls;
   opt.schedule = resolve_schedule(opt.schedule);
-  const ScheduleRunResult pilot = run_schedule(model, opt, reqs, threads);
-  for (const gen_result& r : pilot.results)
-    if (!r.error.empty()) throw Error("a request of the pilot run failed: " + r.error);
-  if (!(pilot.s_busy_ms > 0) || !(pilot.r_busy_ms > 0))
-    throw Error("the pilot run measured no S or R work to balance.");
-  return pilot.r_busy_ms / pilot.s_busy_ms;
+  for (int i = 0; i < pilots; ++i) {
+    opt.sim_profile = write_scaled_profile(profile, k, dir);
+    const ScheduleRunResult pilot = run_schedule(model, opt, reqs, threads);
+    for (const gen_result& r : pilot.results)
+      if (!r.error.empty()) throw Error("a request of the pilot run failed: " + r.error);
+    if (!(pilot.s_busy_ms > 0) || !(pilot.r_busy_ms > 0))
+      throw Error("the pilot run measured no S or R work to balance.");
+    const double correction = pilot.r_busy_ms / pilot.s_busy_ms;
+    k *= correction;
+    if (std::abs(correction - 1) < kClose) break;
+  }
+  return k;
 }
 
 const char* color_of(size_t i) {
@@ -500,18 +511,26 @@ int bench_schedule_main(int argc, char** argv) {
   const auto reqs = make_schedule_requests(n, o.seq_len, mc.vocab, model->vocab.bos, o.seed);
 
   double scale = 1;
+  SimProfile profile;
   if (o.backend == "sim") {
-    const SimProfile profile = load_sim_profile(o.sim_profile);
-    scale = o.balance ? balance_scale(model, base, reqs, o.threads) : o.sim_factor;
+    profile = load_sim_profile(o.sim_profile);
+    scale = o.balance ? balance_scale(model, base, reqs, o.threads, profile, o.out_dir, 1, 3)
+                      : o.sim_factor;
     if (scale != 1) base.sim_profile = write_scaled_profile(profile, scale, o.out_dir);
-    if (o.balance && !o.json)
-      std::printf("balanced: T(B) of %s scaled by %.3f (written to %s)\n", o.sim_profile.c_str(),
-                  scale, base.sim_profile.c_str());
   }
 
   std::vector<ScheduleRunResult> runs;  // the first round's, for the CSV and plots
   std::map<std::string, std::vector<double>> tps, steady;  // by schedule, over the rounds
-  for (int round = 0; round < o.repeat; ++round)
+  for (int round = 0; round < o.repeat; ++round) {
+    // The VM's memory speed drifts by 5-10 % within minutes, and an imbalance of 5 % costs sls
+    // 2-3 % against large-batch: each later round corrects the factor with one pilot of its own.
+    if (o.balance && round > 0) {
+      scale = balance_scale(model, base, reqs, o.threads, profile, o.out_dir, scale, 1);
+      base.sim_profile = write_scaled_profile(profile, scale, o.out_dir);
+    }
+    if (o.balance && !o.json)
+      std::printf("round %d balanced: T(B) of %s scaled by %.3f (written to %s)\n", round,
+                  o.sim_profile.c_str(), scale, base.sim_profile.c_str());
     for (size_t i = 0; i < o.schedules.size(); ++i) {
       const std::string& name = o.schedules[i];
       LocalOptions opt = base;
@@ -561,14 +580,21 @@ int bench_schedule_main(int argc, char** argv) {
       }
       if (round == 0) runs.push_back(std::move(run));
     }
+  }
   if (o.repeat > 1) {
-    // Medians over the rounds; the ratios compare each schedule with large-batch.
+    // Medians over the rounds. The ratios compare each schedule with large-batch of the same
+    // round (with --sim-scale balance, each round has its own factor), median over the rounds.
     const bool has_lb = tps.count("large-batch") > 0;
-    const double lb = has_lb ? median(tps["large-batch"]) : 0;
-    const double lb_steady = has_lb ? median(steady["large-batch"]) : 0;
+    using ByName = std::map<std::string, std::vector<double>>;
+    const auto vs_lb = [&](ByName& by, const std::string& name) {
+      if (!has_lb) return 0.0;
+      std::vector<double> r;
+      for (size_t i = 0; i < by[name].size(); ++i) r.push_back(by[name][i] / by["large-batch"][i]);
+      return median(r);
+    };
     for (const std::string& name : o.schedules) {
       const double t = median(tps[name]), st = median(steady[name]);
-      const double vs = has_lb ? t / lb : 0, st_vs = has_lb ? st / lb_steady : 0;
+      const double vs = vs_lb(tps, name), st_vs = vs_lb(steady, name);
       if (o.json) {
         std::cout << JsonLine()
                          .add("schedule", name)
