@@ -30,6 +30,7 @@ struct ScheduleConfig {
   int micro_batch = 0;     // M: sequences per micro-batch; 0 = round(B·F/S), or 1 with F = ⌈S/B⌉ when B·F < S
   // W_lim in tokens; 0 = the paper's W'_max = B(S+F)/2 plus, since its model has no prompts,
   // B times the mean cached prompt (SeqShape::base) of the sequences of the latest cold start
+  // and two standard deviations of the sum of B such prompts
   int64_t load_limit = 0;
   bool default_limit = false;  // set by resolve_schedule when load_limit was 0
 };
@@ -103,6 +104,7 @@ class LoadPlanner {
   ScheduleConfig cfg_;
   int64_t cold_started_ = 0;       // sequences started in the latest cold start
   int64_t cold_base_sum_ = 0;      // their cached prompts, tokens
+  int64_t cold_base_sq_sum_ = 0;   // the sum of their squares, tokens²
   int64_t planned_steps_ = 0;      // steps planned for the finished sequences
   int64_t actual_steps_ = 0;       // steps they ran
   std::map<int64_t, Group> ends_;  // by last planned step

@@ -187,20 +187,27 @@ TEST_CASE("load control never plans above W_lim for random shapes, arrivals and 
 }
 
 // Prompts of different lengths hold a start back now and then; the starts that follow must not
-// bunch behind it (they did: 20 of 32 sequences running on average, started in step).
+// bunch behind it (they did: 20 of 32 sequences running on average, started in step). The
+// default W_lim leaves room for the swing of the running prompts' sum, so load control keeps
+// nearly all B running below sls's peak: over these 8 draws 31.9 of 32 on average, against 31.2
+// (30.5-32.0) with room for the mean prompt alone.
 TEST_CASE("load control keeps its starts spread when prompts differ in length", "[schedule]") {
   const int b = 32, s = 128, f = 8;
-  std::mt19937 rng(1);
-  std::vector<SimRequest> reqs(600);
-  for (auto& r : reqs) {
-    r.shape = SeqShape{1 + static_cast<int>(rng() % 7), s};
-    r.actual_steps = s;
-  }
-  const auto tr = fd::simulate_schedule(schedule(ScheduleKind::load_control, b, s, f), reqs, 2000);
   double running = 0;
-  for (size_t t = 300; t < 1500; ++t) running += tr.running[t];
-  CHECK(running / 1200 > b - 3);
-  CHECK(tr.peak <= fd::resolve_schedule(schedule(ScheduleKind::load_control, b, s, f)).load_limit + b * 7);
+  for (unsigned seed = 1; seed <= 8; ++seed) {
+    std::mt19937 rng(seed);
+    std::vector<SimRequest> reqs(600);
+    for (auto& r : reqs) {
+      r.shape = SeqShape{1 + static_cast<int>(rng() % 7), s};
+      r.actual_steps = s;
+    }
+    const auto tr = fd::simulate_schedule(schedule(ScheduleKind::load_control, b, s, f), reqs, 2000);
+    const auto sls = fd::simulate_schedule(schedule(ScheduleKind::sls, b, s, f), reqs, 2000);
+    for (size_t t = 300; t < 1500; ++t) running += tr.running[t];
+    INFO("seed " << seed << ": peak " << tr.peak << ", sls's peak " << sls.peak);
+    CHECK(tr.peak <= sls.peak);
+  }
+  CHECK(running / (8 * 1200) > b - 0.5);
 }
 
 // sls's steady peak with prompts of p tokens is B(S+F)/2 + B(p-1). Under the paper's W'_max alone

@@ -320,7 +320,7 @@ bool parse_options(int argc, char** argv, Options& o) {
       ("max-len", po::value(&o.seq_len)->default_value(o.seq_len), "S, tokens generated per request")
       ("interval", po::value(&o.interval)->default_value(o.interval), "F, steps between micro-batches")
       ("micro-batch", po::value(&o.micro_batch)->default_value(0), "M (0: B*F/S)")
-      ("load-limit", po::value(&o.load_limit)->default_value(0), "W_lim in tokens (0: B(S+F)/2 + B * mean prompt)")
+      ("load-limit", po::value(&o.load_limit)->default_value(0), "W_lim in tokens (0: B(S+F)/2 + B * mean prompt + 2 sd of B prompts' sum)")
       ("pipeline", po::value(&o.pipeline)->default_value(o.pipeline), "mini-batches in flight, 1 to 4")
       ("requests", po::value(&o.requests)->default_value(0), "requests (0: 4*B*pipeline)")
       ("shards", po::value(&o.shards)->default_value(o.shards), "R-worker shards")

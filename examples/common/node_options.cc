@@ -98,7 +98,8 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("micro-batch", po::value(&a.local.schedule.micro_batch)->default_value(0),
        "sls/load-control: M, sequences per micro-batch (0: B*F/S)")
       ("load-limit", po::value(&a.local.schedule.load_limit)->default_value(0),
-       "load-control: W_lim in tokens (0: B(S+F)/2 + B * mean prompt; fastdecode-plan prints one)")
+       "load-control: W_lim in tokens (0: B(S+F)/2 + B * mean prompt + 2 sd of B prompts' sum; "
+       "fastdecode-plan prints one)")
       ("admission-window", po::value(&admission_window_ms)->default_value(5),
        "schedules: milliseconds an idle mini-batch waits for its batch to fill")
       ("pipeline", po::value(&a.local.pipeline)->default_value(2),
