@@ -352,6 +352,9 @@ bool parse_options(int argc, char** argv, Options& o) {
   for (size_t i = 0; i < o.schedules.size(); ++i)
     if (!parse_schedule(o.schedules[i], &o.kinds[i]))
       throw Error("--schedules takes large-batch, sls or load-control, not '" + o.schedules[i] + "'.");
+  for (size_t i = 0; i < o.schedules.size(); ++i)  // results and ratios are kept by name
+    if (std::count(o.schedules.begin(), o.schedules.begin() + i, o.schedules[i]) > 0)
+      throw Error("--schedules names '" + o.schedules[i] + "' twice.");
   if (o.pipeline < 1 || o.pipeline > 4) throw Error("--pipeline must be 1 to 4.");
   if (o.batch < 1 || o.seq_len < 1 || o.interval < 1 || o.layers < 1 || o.shards < 1)
     throw Error("--batch, --max-len, --interval, --layers and --shards must be positive.");
@@ -514,23 +517,26 @@ int bench_schedule_main(int argc, char** argv) {
   SimProfile profile;
   if (o.backend == "sim") {
     profile = load_sim_profile(o.sim_profile);
-    scale = o.balance ? balance_scale(model, base, reqs, o.threads, profile, o.out_dir, 1, 3)
-                      : o.sim_factor;
-    if (scale != 1) base.sim_profile = write_scaled_profile(profile, scale, o.out_dir);
+    if (!o.balance && o.sim_factor != 1) {
+      scale = o.sim_factor;
+      base.sim_profile = write_scaled_profile(profile, scale, o.out_dir);
+    }
   }
 
   std::vector<ScheduleRunResult> runs;  // the first round's, for the CSV and plots
   std::map<std::string, std::vector<double>> tps, steady;  // by schedule, over the rounds
   for (int round = 0; round < o.repeat; ++round) {
     // The VM's memory speed drifts by 5-10 % within minutes, and an imbalance of 5 % costs sls
-    // 2-3 % against large-batch: each later round corrects the factor with one pilot of its own.
-    if (o.balance && round > 0) {
-      scale = balance_scale(model, base, reqs, o.threads, profile, o.out_dir, scale, 1);
+    // 2-3 % against large-batch: after the first round's pilots from factor 1, each later round
+    // corrects the factor with one pilot of its own.
+    if (o.balance) {
+      const int pilots = round == 0 ? 3 : 1;
+      scale = balance_scale(model, base, reqs, o.threads, profile, o.out_dir, scale, pilots);
       base.sim_profile = write_scaled_profile(profile, scale, o.out_dir);
+      if (!o.json)
+        std::printf("round %d balanced: T(B) of %s scaled by %.3f (written to %s)\n", round,
+                    o.sim_profile.c_str(), scale, base.sim_profile.c_str());
     }
-    if (o.balance && !o.json)
-      std::printf("round %d balanced: T(B) of %s scaled by %.3f (written to %s)\n", round,
-                  o.sim_profile.c_str(), scale, base.sim_profile.c_str());
     for (size_t i = 0; i < o.schedules.size(); ++i) {
       const std::string& name = o.schedules[i];
       LocalOptions opt = base;
