@@ -1,7 +1,7 @@
 #include "actors/rworker_shard.h"
 
 #include <chrono>
-#include <optional>
+#include <memory>
 #include <unordered_set>
 
 #include "caf/all.hpp"
@@ -12,7 +12,7 @@ namespace {
 
 struct ShardState {
   ShardConfig cfg;
-  std::optional<KvStore> store;
+  std::shared_ptr<KvStore> store;
   std::unique_ptr<kernels::ThreadPool> pool;
   std::vector<kernels::AttnItem> items;
   shard_stats stats;
@@ -84,9 +84,9 @@ caf::result<attn_reply> attend(ShardState& st, const attn_request& r) {
 }
 
 shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardState> self,
-                                          ShardConfig cfg) {
+                                          ShardConfig cfg, std::shared_ptr<KvStore> store) {
   self->state.cfg = cfg;
-  self->state.store.emplace(cfg.kv);
+  self->state.store = std::move(store);
   self->state.pool = std::make_unique<kernels::ThreadPool>(std::max(1, cfg.threads));
   return {
       [self](const attn_request& r) { return attend(self->state, r); },
@@ -109,7 +109,10 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardSta
 }  // namespace
 
 shard_actor spawn_shard(caf::actor_system& sys, const ShardConfig& cfg) {
-  return sys.spawn<caf::detached>(shard_behavior, cfg);
+  // Built here, so that a capacity the store cannot take throws to the caller: thrown inside the
+  // actor, it would only kill the actor.
+  auto store = std::make_shared<KvStore>(cfg.kv);
+  return sys.spawn<caf::detached>(shard_behavior, cfg, std::move(store));
 }
 
 }  // namespace fd

@@ -40,17 +40,22 @@ std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& 
                                      int32_t group, int threads_per_shard) {
   std::vector<shard_info> out;
   caf::scoped_actor self{sys};
-  for (int i = 0; i < n; ++i) {
-    ShardConfig sc{prefix + std::to_string(i), kv, dims, threads_per_shard};
-    shard_info info;
-    info.hdl = spawn_shard(sys, sc);
-    info.name = sc.name;
-    info.page_tokens = kv.block_tokens;
-    info.group = group;
-    self->request(info.hdl, std::chrono::seconds(30), stats_atom::value)
-        .receive([&](shard_stats& s) { info.pages = s.free_pages + s.used_pages; },
-                 [&](caf::error& e) { throw Error("shard " + sc.name + ": " + sys.render(e)); });
-    out.push_back(std::move(info));
+  try {
+    for (int i = 0; i < n; ++i) {
+      ShardConfig sc{prefix + std::to_string(i), kv, dims, threads_per_shard};
+      shard_info info;
+      info.hdl = spawn_shard(sys, sc);
+      info.name = sc.name;
+      info.page_tokens = kv.block_tokens;
+      info.group = group;
+      out.push_back(info);
+      self->request(info.hdl, std::chrono::seconds(30), stats_atom::value)
+          .receive([&](shard_stats& s) { out.back().pages = s.free_pages + s.used_pages; },
+                   [&](caf::error& e) { throw Error("shard " + sc.name + ": " + sys.render(e)); });
+    }
+  } catch (...) {
+    for (auto& s : out) caf::anon_send_exit(s.hdl, caf::exit_reason::user_shutdown);
+    throw;
   }
   return out;
 }
@@ -142,14 +147,10 @@ void configure_network(caf::actor_system_config& cfg, caf::timespan connection_t
   cfg.set("middleman.workers", size_t{0});
 }
 
-LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
-                           const LocalOptions& opt) {
-  LocalNode node;
-  // Before any actor starts; each S-worker of a model-parallel node has its own R-group.
-  check_kv_memory(opt.kv_memory, opt.shards * std::max(1, opt.tensor_parallel) * std::max(1, opt.pipeline_parallel));
-  node.gpu = start_gpu_node(sys, model, opt);
-  node.scheduler = node.gpu.scheduler;
-  const int hd = model->cfg.head_dim;
+namespace {
+
+// The shards of every R-group, registered with the scheduler.
+void start_local_shards(caf::actor_system& sys, int hd, const LocalOptions& opt, LocalNode& node) {
   add_shards reg;
   for (size_t g = 0; g < node.gpu.groups.size(); ++g) {
     const r_group& rg = node.gpu.groups[g];
@@ -160,14 +161,33 @@ LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> 
                                 kernels::AttnDims{rg.heads, rg.kv_heads, hd},
                                 static_cast<int32_t>(g),
                                 threads_per_shard(opt.attn_threads,
-                                                  opt.shards * static_cast<int>(node.gpu.groups.size()))))
+                                                  opt.shards * static_cast<int>(node.gpu.groups.size())))) {
+      node.shards.push_back(s.hdl);
       reg.shards.push_back(std::move(s));
+    }
   }
-  for (auto& s : reg.shards) node.shards.push_back(s.hdl);
   caf::scoped_actor self{sys};
   self->request(node.scheduler, std::chrono::seconds(30), std::move(reg))
       .receive([](shard_ids&) {},
                [&](caf::error& e) { throw Error("registering shards: " + sys.render(e)); });
+}
+
+}  // namespace
+
+LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
+                           const LocalOptions& opt) {
+  LocalNode node;
+  // Before any actor starts; each S-worker of a model-parallel node has its own R-group.
+  check_kv_memory(opt.kv_memory, opt.shards * std::max(1, opt.tensor_parallel) * std::max(1, opt.pipeline_parallel));
+  node.gpu = start_gpu_node(sys, model, opt);
+  node.scheduler = node.gpu.scheduler;
+  try {
+    start_local_shards(sys, model->cfg.head_dim, opt, node);
+  } catch (...) {
+    // The actors already running would keep the actor system, and the process, from ending.
+    stop_local_node(node);
+    throw;
+  }
   return node;
 }
 

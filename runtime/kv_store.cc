@@ -74,8 +74,10 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
   page_bytes_ = (raw + kPageAlign - 1) / kPageAlign * kPageAlign;
   total_pages_ = cfg.capacity_bytes / page_bytes_;
   if (total_pages_ == 0)
-    throw Error("KV-cache capacity of " + format_bytes(cfg.capacity_bytes) +
-                " is smaller than one page of " + format_bytes(page_bytes_) + ".");
+    throw Error("KV-cache capacity of " + format_bytes(cfg.capacity_bytes) + " is smaller than one page of " +
+                format_bytes(page_bytes_) + " (" + std::to_string(cfg.block_tokens) + " tokens of " +
+                std::to_string(cfg.n_layers) + " layers): give each shard more (--kv-memory) or use " +
+                "smaller pages (--block-tokens).");
   if (total_pages_ > UINT32_MAX) total_pages_ = UINT32_MAX;
   const size_t bytes = total_pages_ * page_bytes_;
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,

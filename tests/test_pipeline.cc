@@ -238,3 +238,19 @@ TEST_CASE("a sequence leaves the batch at its length limit and frees its KV-cach
                  [](caf::error&) { FAIL("no stats from a shard"); });
   fd::stop_local_node(node);
 }
+
+TEST_CASE("a KV-cache smaller than one page is refused at start and nothing is left running",
+          "[pipeline]") {
+  auto model = random_gqa128();
+  caf::actor_system_config cfg;
+  fd::configure_caf(cfg, 2);
+  caf::actor_system sys{cfg};
+  fd::LocalOptions opt;
+  opt.shards = 2;
+  opt.log = false;
+  opt.kv_memory = 1024;
+  CHECK_THROWS_WITH(fd::start_local_node(sys, model, opt), Catch::Contains("smaller than one page") &&
+                                                               Catch::Contains("--kv-memory"));
+  // Leaving the scope destroys `sys`, which waits for every actor: it returns only because the
+  // scheduler and the GPU streams that had started were stopped.
+}

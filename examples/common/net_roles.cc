@@ -50,6 +50,19 @@ void wait_for_shards(caf::actor_system& sys, const scheduler_actor& scheduler, i
   }
 }
 
+// Stops a gpu node's actors when an error leaves run_gpu_role (a taken port, too few shards):
+// an actor left running would keep the actor system's destructor, and so the process, waiting.
+struct StopGpuNodeOnError {
+  GpuNode& node;
+  gatekeeper_actor& gate;
+  bool armed = true;
+  ~StopGpuNodeOnError() {
+    if (!armed) return;
+    if (gate) caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
+    stop_gpu_node(node);
+  }
+};
+
 }  // namespace
 
 int run_gpu_role(const NodeArgs& args) {
@@ -65,6 +78,8 @@ int run_gpu_role(const NodeArgs& args) {
   configure_network(cfg, kConnectionTimeout);
   caf::actor_system sys{cfg};
   GpuNode node = start_gpu_node(sys, model, args.local);
+  gatekeeper_actor gate;
+  StopGpuNodeOnError stop{node, gate};
   if (!node.backend_note.empty()) std::cerr << "gpu node: " << node.backend_note << "\n";
   GatekeeperConfig gc;
   gc.token = args.token;
@@ -77,9 +92,11 @@ int run_gpu_role(const NodeArgs& args) {
                                              gc.run_id, args.local.timeout, true});
   gc.lanes = lanes.registry();
   gc.lane_port = lanes.port();
-  auto gate = spawn_gatekeeper(sys, gc, node.scheduler);
+  gate = spawn_gatekeeper(sys, gc, node.scheduler);
   auto port = sys.middleman().publish(gate, hp.port, hp.host.c_str(), true);
-  if (!port) throw Error("cannot listen on " + args.listen + ": " + sys.render(port.error()));
+  if (!port)
+    throw Error("cannot listen on " + args.listen + " (is another node using the port?): " +
+                sys.render(port.error()));
   std::cerr << "gpu node: serving " << model->name << " on " << hp.host << ":" << *port
             << " (data lane on port " << lanes.port() << ")\n";
   int rc = 0;
@@ -92,6 +109,7 @@ int run_gpu_role(const NodeArgs& args) {
     std::cerr << "gpu node: generating\n";
     rc = generate_and_print(sys, node.scheduler, *model, args);
   }
+  stop.armed = false;
   caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
   stop_gpu_node(node);
   return rc;
@@ -186,18 +204,25 @@ int run_cpu_role(const NodeArgs& args) {
   }
   // Attention tensors travel over the data lane; the shards register once it is open.
   lane_server_actor lane;
-  if (shape.lane_port > 0) {
-    reg.lane_key = random_run_id() | 1;
-    lane = connect_lane(sys, hp.host, static_cast<uint16_t>(shape.lane_port),
-                        lane_hello{args.token, kProtocolVersion, shape.run_id, reg.lane_key, name},
-                        shards, args.local.timeout);
+  try {
+    if (shape.lane_port > 0) {
+      reg.lane_key = random_run_id() | 1;
+      lane = connect_lane(sys, hp.host, static_cast<uint16_t>(shape.lane_port),
+                          lane_hello{args.token, kProtocolVersion, shape.run_id, reg.lane_key, name},
+                          shards, args.local.timeout);
+    }
+    self->request(gate, std::chrono::seconds(30), std::move(reg))
+        .receive([](shard_ids&) {},
+                 [&](caf::error& e) {
+                   throw Error("the gpu node at " + args.join + " refused the shards: " +
+                               sys.render(e));
+                 });
+  } catch (...) {
+    // Shards left running would keep the actor system, and the process, from ending.
+    if (lane) caf::anon_send_exit(lane, caf::exit_reason::user_shutdown);
+    for (auto& s : shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+    throw;
   }
-  self->request(gate, std::chrono::seconds(30), std::move(reg))
-      .receive([](shard_ids&) {},
-               [&](caf::error& e) {
-                 throw Error("the gpu node at " + args.join + " refused the shards: " +
-                             sys.render(e));
-               });
   std::cerr << "cpu node " << name << ": " << shards.size() << " shard(s) joined " << args.join
             << "\n";
   self->monitor(gate);
