@@ -1,6 +1,6 @@
 # Start-up errors end the node at once with one clear line and leave the other nodes running: a
-# gpu node whose port is taken, a gpu node whose shards do not come, a cpu node and a --role all
-# node whose KV memory cannot hold one page. Each of these once left actors running, and the
+# gpu node whose port or data lane port is taken, a gpu node whose shards do not come, a cpu node
+# and a --role all node whose KV memory cannot hold one page. Each of these once left actors running, and the
 # process then waited for ever after printing nothing.
 source "$(dirname "$0")/lib.bash" "$@"
 
@@ -13,6 +13,12 @@ start taken "$NODE" --role gpu --listen "127.0.0.1:$port" --model "$MODEL"
 finish taken 20
 [[ $RC -eq 2 ]] || fail "a gpu node on a taken port exited with $RC"
 expect_log taken "cannot listen on 127.0.0.1:$port"
+
+lane_port=$(grep -Eo "data lane on port [0-9]+" "$WORK/gpu.err" | grep -Eo "[0-9]+$")
+start lane_taken "$NODE" --role gpu --listen "127.0.0.1:$(free_port)" --model "$MODEL" --lane-port "$lane_port"
+finish lane_taken 20
+[[ $RC -eq 2 ]] || fail "a gpu node whose data lane port is taken exited with $RC"
+expect_log lane_taken "data lane: cannot listen on 127.0.0.1:$lane_port"
 
 start small "$NODE" --role cpu --join "127.0.0.1:$port" --shards 1 --kv-memory 1KiB
 finish small 20
