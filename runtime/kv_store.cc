@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "kernels/stream.h"
@@ -15,34 +14,7 @@ namespace {
 
 constexpr size_t kPageAlign = 64;  // bytes; keeps every block on its own cache lines
 
-std::string format_bytes(size_t bytes) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  if (v == static_cast<double>(static_cast<size_t>(v)))
-    std::snprintf(buf, sizeof buf, "%zu %s", static_cast<size_t>(v), units[u]);
-  else
-    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
-  return buf;
-}
-
 }  // namespace
-
-size_t available_memory() {
-  std::ifstream f("/proc/meminfo");
-  std::string key, unit;
-  size_t kib = 0;
-  while (f >> key >> kib) {
-    std::getline(f, unit);
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
 
 void check_kv_memory(size_t per_shard, int shards, size_t available) {
   if (available == 0) available = available_memory();

@@ -10,6 +10,7 @@
 #include "kernels/attention.h"
 #include "kernels/kv_format.h"
 #include "runtime/error.h"
+#include "runtime/host_memory.h"
 
 namespace fd {
 
@@ -24,10 +25,6 @@ struct KvStoreConfig {
   size_t capacity_bytes = size_t(1) << 30;
   kernels::KvDtype dtype = kernels::KvDtype::f16;  // q8/q4 quantize rows on append
 };
-
-// Memory this machine can give without swapping (/proc/meminfo MemAvailable), in bytes; 0 when
-// unknown.
-size_t available_memory();
 
 // Throws fd::Error when `shards` KV-caches of `per_shard` bytes each exceed `available` bytes
 // (available_memory() when 0; no check when that is unknown). A store reserves its capacity as

@@ -1,11 +1,13 @@
 #include "runtime/model.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <filesystem>
 
 #include "runtime/error.h"
 #include "runtime/gguf.h"
+#include "runtime/host_memory.h"
 
 namespace fd {
 namespace {
@@ -93,6 +95,21 @@ std::vector<float> random_norm(Rng rng, size_t n) {
 
 }  // namespace
 
+double model_bytes(const ModelConfig& c) {
+  const double dim = c.dim, q = c.q_width(), kv = c.kv_width(), ff = c.ff, vocab = c.vocab;
+  const double layer = 2 * dim + dim * (q + 2 * kv) + q * dim + 3 * ff * dim;
+  return 4.0 * (2 * vocab * dim + dim + c.n_layers * layer);
+}
+
+void check_model_memory(const ModelConfig& cfg, const std::string& what, size_t available) {
+  if (available == 0) available = available_memory();
+  const double need = model_bytes(cfg);
+  if (available == 0 || need <= static_cast<double>(available)) return;
+  throw Error(what + ": the model's weights take " + format_bytes(static_cast<size_t>(std::min(need, 1e18))) +
+              " in memory as fp32, more than the " + format_bytes(available) +
+              " this machine has available");
+}
+
 Model load_model(const std::string& path) {
   GgufFile f(path);
   Model m;
@@ -106,6 +123,7 @@ Model load_model(const std::string& path) {
                 " but the tokenizer has " + std::to_string(c.vocab) + " tokens");
   }
   m.name = f.has("general.name") ? f.get_string("general.name") : std::filesystem::path(path).stem().string();
+  check_model_memory(c, path);
 
   const uint64_t dim = c.dim, q = c.q_width(), kv = c.kv_width(), ff = c.ff, vocab = c.vocab;
   m.tok_embd = f.read_f32("token_embd.weight", {dim, vocab});
@@ -150,6 +168,7 @@ Model make_random_model(const ModelConfig& cfg, uint64_t seed) {
   if (c.vocab < 259) throw bad("vocab " + std::to_string(c.vocab) + " is below 259 (3 special + 256 byte tokens)");
   if (!(c.rms_eps > 0.0f) || !(c.rope_base > 1.0f)) throw bad("rms_eps must be positive and rope_base above 1");
 
+  check_model_memory(c, "the random model");
   Model m;
   m.cfg = c;
   m.name = "synthetic";

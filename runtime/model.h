@@ -46,6 +46,14 @@ struct Model {
   Vocab vocab;
 };
 
+// Bytes of the fp32 weights of a model of this shape, the output matrix counted even when tied
+// (it is then a copy).
+double model_bytes(const ModelConfig& cfg);
+// Throws fd::Error("WHAT: ...") when those bytes exceed `available` (available_memory() when 0; no
+// check when that is unknown). Without it, a model too big ends in the kernel's OOM killer halfway
+// through loading, or in a bare std::bad_alloc.
+void check_model_memory(const ModelConfig& cfg, const std::string& what, size_t available = 0);
+
 // Loads a GGUF llama model. Throws fd::Error("PATH: problem") on any malformed input.
 Model load_model(const std::string& path);
 

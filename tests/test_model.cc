@@ -292,6 +292,24 @@ TEST_CASE("random model configuration is validated", "[model]") {
   CHECK_THROWS_AS(fd::make_random_model(c, 1), fd::Error);
 }
 
+TEST_CASE("a model larger than the memory at hand is refused before its weights are allocated", "[model]") {
+  ModelConfig c = small_config();
+  const double need = fd::model_bytes(c);
+  // Embedding and output [vocab][dim], per layer two norms, Q/K/V/O and the three MLP matrices.
+  const double dim = c.dim, q = c.q_width(), kv = c.kv_width();
+  CHECK(need == 4 * (2 * c.vocab * dim + dim + c.n_layers * (2 * dim + dim * (q + 2 * kv) + q * dim + 3 * c.ff * dim)));
+  CHECK_NOTHROW(fd::check_model_memory(c, "small", static_cast<size_t>(need)));
+  CHECK_THROWS_WITH(fd::check_model_memory(c, "small.gguf", static_cast<size_t>(need) - 1),
+                    Contains("small.gguf: the model's weights take") && Contains("as fp32, more than"));
+  // Far beyond any machine: a clear error instead of std::bad_alloc or the OOM killer.
+  c.dim = 1 << 20;
+  c.n_heads = 1 << 10;
+  c.n_kv_heads = 1 << 10;
+  c.head_dim = 0;
+  c.ff = 1 << 20;
+  CHECK_THROWS_WITH(fd::make_random_model(c, 1), Contains("the random model: the model's weights take"));
+}
+
 TEST_CASE("random model round-trips through GGUF", "[model]") {
   TempDir dir;
   const Model m = fd::make_random_model(small_config(), 11);
@@ -471,7 +489,8 @@ TEST_CASE("fastdecode-mkmodel writes a loadable model and rejects bad flags", "[
   const std::vector<std::string> bad_args = {
       "--out " + path + " --layers two",       "--out " + path + " --dtype f8",
       "--out " + path + " --bogus 1",          "--layers 2",
-      "--out " + path + " --dim 50 --heads 4", "--out " + path + " --dtype q8_0 --ff 100"};
+      "--out " + path + " --dim 50 --heads 4", "--out " + path + " --dtype q8_0 --ff 100",
+      "--out " + path + " --dim 1048576 --heads 1024 --layers 64"};
   for (const std::string& bad : bad_args) {
     INFO(bad);
     CHECK(run(bad) == 2);
