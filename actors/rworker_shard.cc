@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <memory>
+#include <system_error>
 #include <unordered_set>
 
 #include "caf/all.hpp"
@@ -13,7 +14,7 @@ namespace {
 struct ShardState {
   ShardConfig cfg;
   std::shared_ptr<KvStore> store;
-  std::unique_ptr<kernels::ThreadPool> pool;
+  std::shared_ptr<kernels::ThreadPool> pool;
   std::vector<kernels::AttnItem> items;
   shard_stats stats;
   std::unordered_set<uint64_t> seen;  // sequences ever served, for stats.served
@@ -84,10 +85,11 @@ caf::result<attn_reply> attend(ShardState& st, const attn_request& r) {
 }
 
 shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardState> self,
-                                          ShardConfig cfg, std::shared_ptr<KvStore> store) {
+                                          ShardConfig cfg, std::shared_ptr<KvStore> store,
+                                          std::shared_ptr<kernels::ThreadPool> pool) {
   self->state.cfg = cfg;
   self->state.store = std::move(store);
-  self->state.pool = std::make_unique<kernels::ThreadPool>(std::max(1, cfg.threads));
+  self->state.pool = std::move(pool);
   return {
       [self](const attn_request& r) { return attend(self->state, r); },
       [self](drop_atom, uint64_t seq) { self->state.store->drop(seq); },
@@ -109,10 +111,16 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardSta
 }  // namespace
 
 shard_actor spawn_shard(caf::actor_system& sys, const ShardConfig& cfg) {
-  // Built here, so that a capacity the store cannot take throws to the caller: thrown inside the
-  // actor, it would only kill the actor.
+  // Built here, so that a capacity the store cannot take, or threads the system will not start,
+  // throw to the caller: thrown inside the actor, they would only kill the actor.
   auto store = std::make_shared<KvStore>(cfg.kv);
-  return sys.spawn<caf::detached>(shard_behavior, cfg, std::move(store));
+  std::shared_ptr<kernels::ThreadPool> pool;
+  try {
+    pool = std::make_shared<kernels::ThreadPool>(std::max(1, cfg.threads));
+  } catch (const std::system_error& e) {
+    throw Error(cfg.name + ": cannot start " + std::to_string(cfg.threads) + " attention threads: " + e.what());
+  }
+  return sys.spawn<caf::detached>(shard_behavior, cfg, std::move(store), std::move(pool));
 }
 
 }  // namespace fd

@@ -17,7 +17,7 @@ struct ShardConfig {
 
 // Spawned detached: attention is long-running work that must not block CAF's scheduler threads.
 // Throws fd::Error, and spawns nothing, when the KV store cannot be built (e.g. a capacity below
-// one page).
+// one page) or its threads cannot start.
 shard_actor spawn_shard(caf::actor_system& sys, const ShardConfig& cfg);
 
 }  // namespace fd

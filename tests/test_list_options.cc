@@ -1,6 +1,11 @@
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "examples/common/list_options.h"
+#include "examples/common/node_options.h"
 #include "runtime/error.h"
 
 TEST_CASE("comma-separated integer options", "[options]") {
@@ -18,4 +23,22 @@ TEST_CASE("comma-separated integer options", "[options]") {
   }
   REQUIRE_THROWS_AS(fd::parse_int_list("5", "sizes", 1, 4), fd::Error);
   CHECK(fd::split_list("f16,q8", "kv-dtype") == std::vector<std::string>{"f16", "q8"});
+}
+
+TEST_CASE("fastdecode-node refuses thread and shard counts that would only exhaust the machine", "[options]") {
+  const auto parse = [](std::vector<std::string> args) {
+    std::vector<const char*> argv{"fastdecode-node"};
+    for (const auto& a : args) argv.push_back(a.c_str());
+    fd::NodeArgs out;
+    fd::parse_node_args(static_cast<int>(argv.size()), argv.data(), out);
+    return out;
+  };
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  CHECK(parse({"--threads", std::to_string(cores)}).local.attn_threads == cores);
+  CHECK(parse({"--threads", "0"}).local.attn_threads == 0);
+  CHECK_THROWS_WITH(parse({"--threads", std::to_string(cores + 1)}),
+                    Catch::Contains("--threads must be 0 (all cores) to " + std::to_string(cores)));
+  CHECK(parse({"--shards", "256"}).local.shards == 256);
+  CHECK_THROWS_WITH(parse({"--shards", "100000"}), Catch::Contains("--shards must be 1 to 256, not 100000"));
+  CHECK_THROWS_WITH(parse({"--caf-threads", "100000"}), Catch::Contains("--caf-threads must be 1 to 64"));
 }

@@ -114,6 +114,7 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
   if (quick && vm["min-time"].defaulted()) o.min_time = 0.1;
   if (o.threads < 1 || o.kv_heads < 1 || o.block_tokens < 1 || o.min_time < 0)
     throw Error("--threads, --kv-heads and --block-tokens must be positive and --min-time not negative.");
+  check_count(o.threads, "threads", 1, 4 * machine_cores());  // beyond the cores only to see them compete
   return true;
 }
 

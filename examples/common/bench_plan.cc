@@ -12,6 +12,7 @@
 #include "actors/system.h"
 #include "caf/all.hpp"
 #include "examples/common/json.h"
+#include "examples/common/list_options.h"
 #include "examples/common/stats.h"
 #include "runtime/error.h"
 #include "runtime/sim_backend.h"
@@ -292,6 +293,8 @@ int bench_plan_main(int argc, char** argv) {
     throw Error("--schedule takes large-batch, sls or load-control, not '" + schedule + "'.");
   if (cfg.shape.n_heads < 1 || cfg.shape.dim % cfg.shape.n_heads != 0)
     throw Error("--dim must be a multiple of --heads.");
+  check_count(cfg.threads, "threads", 1, kMaxCafThreads);
+  check_count(cfg.shards, "shards", 1, kMaxShards);
   cfg.shape.head_dim = cfg.shape.dim / cfg.shape.n_heads;
   cfg.shape.ff = cfg.shape.dim;  // the simulated S-part never reads the MLP
 

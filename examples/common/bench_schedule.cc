@@ -361,6 +361,9 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.heads < 1 || o.kv_heads < 1 || o.dim % o.heads || o.heads % o.kv_heads)
     throw Error("--dim must be a multiple of --heads, and --heads a multiple of --kv-heads.");
   if (o.repeat < 1) throw Error("--repeat must be at least 1.");
+  check_count(o.threads, "threads", 1, kMaxCafThreads);
+  check_count(o.attn_threads, "attn-threads", 0, machine_cores());
+  check_count(o.shards, "shards", 1, kMaxShards);
   o.balance = o.sim_scale == "balance";
   if (o.balance) {
     if (o.backend != "sim") throw Error("--sim-scale balance needs --backend sim.");

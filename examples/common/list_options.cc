@@ -1,6 +1,8 @@
 #include "examples/common/list_options.h"
 
+#include <algorithm>
 #include <sstream>
+#include <thread>
 
 #include "runtime/error.h"
 
@@ -31,5 +33,13 @@ std::vector<int> parse_int_list(const std::string& text, const char* flag, int l
   }
   return out;
 }
+
+void check_count(int value, const char* flag, int lo, int hi) {
+  if (value < lo || value > hi)
+    throw Error(std::string("--") + flag + " must be " + std::to_string(lo) + " to " + std::to_string(hi) +
+                ", not " + std::to_string(value));
+}
+
+int machine_cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 
 }  // namespace fd

@@ -1,5 +1,6 @@
 #include "examples/common/node_options.h"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cctype>
 #include <cstdlib>
@@ -7,6 +8,7 @@
 #include <thread>
 #include <iostream>
 
+#include "examples/common/list_options.h"
 #include "runtime/error.h"
 
 namespace po = boost::program_options;
@@ -143,7 +145,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (a.role != "all" && a.role != "gpu" && a.role != "cpu")
     throw Error("--role must be all, gpu or cpu, not '" + a.role + "'");
   if (a.n_predict < 1) throw Error("-n must be at least 1");
-  if (a.local.shards < 1) throw Error("--shards must be at least 1");
+  check_count(a.local.shards, "shards", 1, kMaxShards);
   if (a.local.max_batch < 1) throw Error("--max-batch must be at least 1");
   if (a.local.pipeline < 1 || a.local.pipeline > 4) throw Error("--pipeline must be 1 to 4");
   if (schedule != "continuous") {
@@ -163,8 +165,12 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (a.local.tensor_parallel > 1 || a.local.pipeline_parallel > 1) {
     if (a.local.backend == "auto") a.local.backend = "cpu";
   }
-  if (a.threads < 1) throw Error("--caf-threads must be at least 1");
-  if (a.local.attn_threads < 0) throw Error("--threads must be >= 0");
+  check_count(a.threads, "caf-threads", 1, kMaxCafThreads);
+  const int cores = machine_cores();
+  if (a.local.attn_threads < 0 || a.local.attn_threads > cores)
+    throw Error("--threads must be 0 (all cores) to " + std::to_string(cores) + ", the cores of this machine, not " +
+                std::to_string(a.local.attn_threads) + ": attention is bound by memory bandwidth, and threads "
+                "beyond the cores only take turns");
   if (a.local.block_tokens < 1 || a.local.block_tokens > 4096)
     throw Error("--block-tokens must be 1 to 4096, not " + std::to_string(a.local.block_tokens));
   if (a.role == "cpu" && !vm["block-tokens"].defaulted())
