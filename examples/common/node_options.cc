@@ -109,7 +109,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
        "other; 3 or 4 absorb variation in the R-part's time")
       ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
       ("threads", po::value(&a.local.attn_threads)->default_value(0),
-       "attention threads of this node, shared by its shards (0: all cores)")
+       "attention threads of this node, shared by its shards (0: all cores; at most the cores)")
       ("kv-dtype", po::value(&kv_dtype)->default_value("f16"), "KV-cache format: f16, int8 or int4")
       ("block-tokens", po::value(&a.local.block_tokens)->default_value(64),
        "gpu/all: tokens per KV-cache page (cpu nodes take the gpu node's)")
