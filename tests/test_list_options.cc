@@ -1,7 +1,5 @@
-#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "examples/common/list_options.h"
@@ -33,7 +31,7 @@ TEST_CASE("fastdecode-node refuses thread and shard counts that would only exhau
     fd::parse_node_args(static_cast<int>(argv.size()), argv.data(), out);
     return out;
   };
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int cores = fd::machine_cores();
   CHECK(parse({"--threads", std::to_string(cores)}).local.attn_threads == cores);
   CHECK(parse({"--threads", "0"}).local.attn_threads == 0);
   CHECK_THROWS_WITH(parse({"--threads", std::to_string(cores + 1)}),

@@ -5,7 +5,6 @@
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
-#include <thread>
 #include <iostream>
 
 #include "examples/common/list_options.h"
@@ -171,8 +170,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
     throw Error("--threads must be 0 (all cores) to " + std::to_string(cores) + ", the cores of this machine, not " +
                 std::to_string(a.local.attn_threads) + ": attention is bound by memory bandwidth, and threads "
                 "beyond the cores only take turns");
-  if (a.local.block_tokens < 1 || a.local.block_tokens > 4096)
-    throw Error("--block-tokens must be 1 to 4096, not " + std::to_string(a.local.block_tokens));
+  check_count(a.local.block_tokens, "block-tokens", 1, 4096);
   if (a.role == "cpu" && !vm["block-tokens"].defaulted())
     throw Error("--block-tokens is set on the gpu node; a cpu node takes its page size when it joins");
   if (kv_dtype == "f16") a.local.kv_dtype = kernels::KvDtype::f16;
@@ -181,8 +179,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   else throw Error("--kv-dtype must be f16, int8 or int4, not '" + kv_dtype + "'");
   if (a.gemm_threads < 0) throw Error("--gemm-threads must be >= 0");
   if (a.gemm_threads == 0)
-    a.gemm_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                     a.local.pipeline);
+    a.gemm_threads = std::max(1, cores / a.local.pipeline);
   if (!(timeout_s > 0)) throw Error("--timeout must be positive");
   validate(a.sampling);
   a.local.kv_memory = parse_size(kv_memory);
