@@ -134,9 +134,28 @@ GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> mode
 }
 
 void stop_gpu_node(GpuNode& node) {
-  caf::anon_send_exit(node.scheduler, caf::exit_reason::user_shutdown);
+  if (node.scheduler) caf::anon_send_exit(node.scheduler, caf::exit_reason::user_shutdown);
   for (auto& s : node.streams) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  node.scheduler = nullptr;
+  node.streams.clear();
 }
+
+GpuNode& GpuNode::operator=(GpuNode&& o) noexcept {
+  if (this != &o) {
+    stop_gpu_node(*this);
+    model = std::move(o.model);
+    groups = std::move(o.groups);
+    backend_note = std::move(o.backend_note);
+    keep_alive = std::move(o.keep_alive);
+    streams = std::move(o.streams);
+    scheduler = std::move(o.scheduler);
+    o.streams.clear();
+    o.scheduler = nullptr;
+  }
+  return *this;
+}
+
+GpuNode::~GpuNode() { stop_gpu_node(*this); }
 
 void configure_network(caf::actor_system_config& cfg, caf::timespan connection_timeout) {
   cfg.load<caf::io::middleman>();
@@ -181,20 +200,30 @@ LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> 
   check_kv_memory(opt.kv_memory, opt.shards * std::max(1, opt.tensor_parallel) * std::max(1, opt.pipeline_parallel));
   node.gpu = start_gpu_node(sys, model, opt);
   node.scheduler = node.gpu.scheduler;
-  try {
-    start_local_shards(sys, model->cfg.head_dim, opt, node);
-  } catch (...) {
-    // The actors already running would keep the actor system, and the process, from ending.
-    stop_local_node(node);
-    throw;
-  }
+  start_local_shards(sys, model->cfg.head_dim, opt, node);  // on an error, ~LocalNode stops the rest
   return node;
 }
 
 void stop_local_node(LocalNode& node) {
   stop_gpu_node(node.gpu);
   for (auto& s : node.shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  node.shards.clear();
+  node.scheduler = nullptr;
 }
+
+LocalNode& LocalNode::operator=(LocalNode&& o) noexcept {
+  if (this != &o) {
+    stop_local_node(*this);
+    gpu = std::move(o.gpu);
+    shards = std::move(o.shards);
+    scheduler = std::move(o.scheduler);
+    o.shards.clear();
+    o.scheduler = nullptr;
+  }
+  return *this;
+}
+
+LocalNode::~LocalNode() { stop_local_node(*this); }
 
 std::vector<gen_result> generate(caf::actor_system& sys, const scheduler_actor& scheduler,
                                  const std::vector<gen_request>& reqs, caf::timespan timeout) {

@@ -45,6 +45,10 @@ struct LocalOptions {
 // The R-group holding every layer and head of the model.
 r_group whole_model_group(const ModelConfig& m);
 
+// The nodes stop their actors when they end, by return or by an error: an actor left running
+// would keep the actor system's destructor, and so the process, waiting. A node must therefore
+// end before its actor system.
+
 // The scheduler and its GPU stream, with no shard yet (`--role gpu`).
 struct GpuNode {
   std::shared_ptr<const Model> model;
@@ -53,10 +57,16 @@ struct GpuNode {
   std::vector<std::shared_ptr<const void>> keep_alive;  // stage models and rank backends
   std::vector<stream_actor> streams;  // one per mini-batch
   scheduler_actor scheduler;
+
+  GpuNode() = default;
+  GpuNode(GpuNode&&) = default;  // the moved-from node holds no actor
+  GpuNode& operator=(GpuNode&& o) noexcept;  // stops this node's actors first
+  ~GpuNode();
 };
 // Throws fd::Error for an impossible backend or parallelism.
 GpuNode start_gpu_node(caf::actor_system& sys, std::shared_ptr<const Model> model,
                        const LocalOptions& opt);
+// Stops the node's actors now; it then holds none.
 void stop_gpu_node(GpuNode& node);
 
 // Shards, one GPU stream and the scheduler, all in this process.
@@ -64,6 +74,11 @@ struct LocalNode {
   GpuNode gpu;
   std::vector<shard_actor> shards;
   scheduler_actor scheduler;
+
+  LocalNode() = default;
+  LocalNode(LocalNode&&) = default;
+  LocalNode& operator=(LocalNode&& o) noexcept;
+  ~LocalNode();
 };
 
 LocalNode start_local_node(caf::actor_system& sys, std::shared_ptr<const Model> model,

@@ -254,3 +254,44 @@ TEST_CASE("a KV-cache smaller than one page is refused at start and nothing is l
   // Leaving the scope destroys `sys`, which waits for every actor: it returns only because the
   // scheduler and the GPU streams that had started were stopped.
 }
+
+TEST_CASE("a node stops its actors when it ends or is replaced and a moved node keeps serving",
+          "[pipeline]") {
+  auto model = random_gqa128();
+  caf::actor_system_config cfg;
+  fd::configure_caf(cfg, 2);
+  caf::actor_system sys{cfg};
+  fd::LocalOptions opt;
+  opt.shards = 1;
+  opt.log = false;
+  opt.kv_memory = size_t(64) << 20;
+  fd::gen_request r;
+  r.prompt = {model->vocab.bos, 10, 11, 12};
+  r.max_new = 4;
+  const auto serves = [&](const fd::scheduler_actor& s) {
+    auto res = fd::generate(sys, s, {r}, std::chrono::minutes(2));
+    return res[0].error.empty() && res[0].tokens.size() == 4;
+  };
+  fd::LocalNode kept;
+  {
+    fd::LocalNode a = fd::start_local_node(sys, model, opt);
+    fd::LocalNode b = std::move(a);
+    CHECK_FALSE(a.scheduler);
+    CHECK(a.shards.empty());
+    kept = std::move(b);
+  }
+  REQUIRE(kept.scheduler);
+  CHECK(serves(kept.scheduler));
+  const fd::scheduler_actor replaced = kept.scheduler;
+  kept = fd::start_local_node(sys, model, opt);
+  CHECK(serves(kept.scheduler));
+  caf::scoped_actor self{sys};
+  bool gone = false;
+  self->request(replaced, std::chrono::seconds(10), fd::stats_atom::value)
+      .receive([](fd::sched_stats&) {}, [&](caf::error&) { gone = true; });
+  CHECK(gone);
+  fd::LocalNode unstopped = fd::start_local_node(sys, model, opt);
+  CHECK(serves(unstopped.scheduler));
+  // No stop_local_node: leaving the scope ends the nodes, then `sys`, which waits for every actor
+  // and returns only because the nodes stopped theirs.
+}

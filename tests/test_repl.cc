@@ -56,7 +56,6 @@ struct LocalDeployment {
     opt.kv_memory = size_t(64) << 20;
     node = fd::start_local_node(*sys, model, opt);
   }
-  ~LocalDeployment() { fd::stop_local_node(node); }
 
   fd::sched_stats sched() {
     caf::scoped_actor self{*sys};

@@ -50,16 +50,13 @@ void wait_for_shards(caf::actor_system& sys, const scheduler_actor& scheduler, i
   }
 }
 
-// Stops a gpu node's actors when an error leaves run_gpu_role (a taken port, too few shards):
-// an actor left running would keep the actor system's destructor, and so the process, waiting.
-struct StopGpuNodeOnError {
-  GpuNode& node;
+// Stops the gatekeeper when run_gpu_role ends, by return or by an error (a taken port, too few
+// shards): an actor left running would keep the actor system's destructor, and so the process,
+// waiting. The node stops its own actors.
+struct StopGatekeeper {
   gatekeeper_actor& gate;
-  bool armed = true;
-  ~StopGpuNodeOnError() {
-    if (!armed) return;
+  ~StopGatekeeper() {
     if (gate) caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
-    stop_gpu_node(node);
   }
 };
 
@@ -79,7 +76,7 @@ int run_gpu_role(const NodeArgs& args) {
   caf::actor_system sys{cfg};
   GpuNode node = start_gpu_node(sys, model, args.local);
   gatekeeper_actor gate;
-  StopGpuNodeOnError stop{node, gate};
+  StopGatekeeper stop{gate};
   if (!node.backend_note.empty()) std::cerr << "gpu node: " << node.backend_note << "\n";
   GatekeeperConfig gc;
   gc.token = args.token;
@@ -109,7 +106,7 @@ int run_gpu_role(const NodeArgs& args) {
     std::cerr << "gpu node: generating\n";
     rc = generate_and_print(sys, node.scheduler, *model, args);
   }
-  stop.armed = false;
+  // Before the data lanes close, so that the scheduler does not see its shards go.
   caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
   stop_gpu_node(node);
   return rc;

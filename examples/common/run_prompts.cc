@@ -118,15 +118,7 @@ int run_prompts_all(const NodeArgs& args) {
   local.log = false;  // one process: shard joins are not news
   LocalNode node = start_local_node(sys, model, local);
   if (!node.gpu.backend_note.empty()) std::cerr << node.gpu.backend_note << "\n";
-  int rc = 0;
-  try {
-    rc = generate_and_print(sys, node.scheduler, *model, args);
-  } catch (...) {
-    stop_local_node(node);  // actors left running would keep the process from ending
-    throw;
-  }
-  stop_local_node(node);
-  return rc;
+  return generate_and_print(sys, node.scheduler, *model, args);
 }
 
 }  // namespace fd
