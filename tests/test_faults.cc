@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "actors/system.h"
+#include "pipeline_fixture.h"
 #include "kernels/ops.h"
 #include "caf/all.hpp"
 #include "tests/test_models.h"
@@ -33,13 +34,9 @@ using Kills = std::vector<std::pair<int, std::chrono::microseconds>>;
 
 std::vector<fd::gen_result> run(std::shared_ptr<const fd::Model> model, int shards, const Kills& kills) {
   fd::kernels::set_gemm_threads(1);  // two mini-batches call BLAS at once
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
-  fd::LocalOptions opt;
-  opt.shards = shards;
-  opt.log = false;
-  opt.kv_memory = size_t(64) << 20;
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
+  fd::LocalOptions opt = test_node_options(shards);
   opt.timeout = std::chrono::seconds(5);
   fd::LocalNode node = fd::start_local_node(sys, model, opt);
   std::thread killer([&] {
@@ -92,9 +89,8 @@ TEST_CASE("a second shard lost during the first one's recovery loses nothing", "
 
 TEST_CASE("with every shard gone, work waits and then fails with a clear error", "[faults]") {
   auto model = slow_enough_model();
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
   fd::LocalOptions opt;
   opt.shards = 1;
   opt.shard_wait = std::chrono::seconds(2);
@@ -109,9 +105,8 @@ TEST_CASE("with every shard gone, work waits and then fails with a clear error",
 TEST_CASE("waiting for room in the batch does not count against --shard-wait", "[faults]") {
   auto model = slow_enough_model();
   fd::kernels::set_gemm_threads(1);
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
   fd::LocalOptions opt;
   opt.shards = 1;
   opt.log = false;

@@ -4,6 +4,7 @@
 
 #include "actors/gatekeeper.h"
 #include "actors/system.h"
+#include "pipeline_fixture.h"
 #include "caf/all.hpp"
 #include "tests/test_models.h"
 
@@ -36,9 +37,8 @@ TEST_CASE("same_secret compares whole strings", "[gatekeeper]") {
 
 TEST_CASE("gatekeeper refuses wrong secrets, versions and runs", "[gatekeeper]") {
   auto model = std::make_shared<const fd::Model>(tiny_model());
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
   fd::GpuNode node = fd::start_gpu_node(sys, model, fd::LocalOptions{});
   fd::GatekeeperConfig gc;
   gc.token = "s3cret";

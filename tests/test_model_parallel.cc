@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "actors/system.h"
+#include "pipeline_fixture.h"
 #include "caf/all.hpp"
 #include "kernels/ops.h"
 #include "tests/test_models.h"
@@ -17,9 +18,8 @@ std::shared_ptr<const fd::Model> eight_head_model() {
 
 std::vector<fd::gen_result> generate(std::shared_ptr<const fd::Model> model, int tp, int pp) {
   fd::kernels::set_gemm_threads(1);
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
   fd::LocalOptions opt;
   opt.log = false;
   opt.shards = 2;  // per R-group
@@ -62,9 +62,8 @@ TEST_CASE("tensor and pipeline parallelism give the tokens of one S-worker", "[p
 
 TEST_CASE("impossible parallelism is refused with a clear error", "[parallel]") {
   auto model = eight_head_model();
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
   fd::LocalOptions opt;
   opt.log = false;
   opt.tensor_parallel = 3;  // 8 heads do not split 3 ways

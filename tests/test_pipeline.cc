@@ -211,13 +211,9 @@ TEST_CASE("a bad request fails alone and the others complete", "[pipeline]") {
 
 TEST_CASE("a sequence leaves the batch at its length limit and frees its KV-cache", "[pipeline]") {
   auto model = random_gqa128();
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
-  fd::LocalOptions opt;
-  opt.shards = 2;
-  opt.log = false;
-  opt.kv_memory = size_t(64) << 20;
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
+  fd::LocalOptions opt = test_node_options(2);
   fd::LocalNode node = fd::start_local_node(sys, model, opt);
   fd::gen_request r;
   r.prompt = {model->vocab.bos, 10, 11, 12};
@@ -242,13 +238,9 @@ TEST_CASE("a sequence leaves the batch at its length limit and frees its KV-cach
 TEST_CASE("a KV-cache smaller than one page is refused at start and nothing is left running",
           "[pipeline]") {
   auto model = random_gqa128();
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
-  fd::LocalOptions opt;
-  opt.shards = 2;
-  opt.log = false;
-  opt.kv_memory = 1024;
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
+  fd::LocalOptions opt = test_node_options(2, 1024);
   CHECK_THROWS_WITH(fd::start_local_node(sys, model, opt), Catch::Contains("smaller than one page") &&
                                                                Catch::Contains("--kv-memory"));
   // Leaving the scope destroys `sys`, which waits for every actor: it returns only because the
@@ -258,13 +250,9 @@ TEST_CASE("a KV-cache smaller than one page is refused at start and nothing is l
 TEST_CASE("a node stops its actors when it ends or is replaced and a moved node keeps serving",
           "[pipeline]") {
   auto model = random_gqa128();
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
-  fd::LocalOptions opt;
-  opt.shards = 1;
-  opt.log = false;
-  opt.kv_memory = size_t(64) << 20;
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
+  fd::LocalOptions opt = test_node_options(1);
   fd::gen_request r;
   r.prompt = {model->vocab.bos, 10, 11, 12};
   r.max_new = 4;

@@ -8,6 +8,7 @@
 
 #include "actors/gatekeeper.h"
 #include "actors/system.h"
+#include "pipeline_fixture.h"
 #include "caf/all.hpp"
 #include "examples/common/repl_commands.h"
 #include "examples/common/repl_stream.h"
@@ -50,10 +51,7 @@ struct LocalDeployment {
     fd::kernels::set_gemm_threads(1);
     fd::configure_caf(cfg, 2);
     sys = std::make_unique<caf::actor_system>(cfg);
-    fd::LocalOptions opt;
-    opt.shards = 2;
-    opt.log = false;
-    opt.kv_memory = size_t(64) << 20;
+    fd::LocalOptions opt = test_node_options(2);
     node = fd::start_local_node(*sys, model, opt);
   }
 
@@ -165,9 +163,8 @@ TEST_CASE("stats give tokens/s and time to first token of the last answer", "[re
 
 TEST_CASE("the gatekeeper hands clients the model's vocabulary", "[repl]") {
   auto model = std::make_shared<const fd::Model>(fd::load_model(test_models::stories_path()));
-  caf::actor_system_config cfg;
-  fd::configure_caf(cfg, 2);
-  caf::actor_system sys{cfg};
+  TestSystem actors;
+  caf::actor_system& sys = actors.sys;
   fd::LocalOptions opt;
   opt.log = false;
   fd::GpuNode node = fd::start_gpu_node(sys, model, opt);

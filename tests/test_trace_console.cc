@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "actors/system.h"
+#include "pipeline_fixture.h"
 #include "actors/trace_packed.h"
 #include "caf/all.hpp"
 #include "examples/common/trace_record.h"
@@ -290,13 +291,9 @@ TEST_CASE("a subscriber gets every step's spans, batched, from a running node",
   const int max_new = 12;
   double elapsed_ms = 0;
   {
-    caf::actor_system_config cfg;
-    fd::configure_caf(cfg, 2);
-    caf::actor_system sys{cfg};
-    fd::LocalOptions opt;
-    opt.shards = 2;
-    opt.log = false;
-    opt.kv_memory = size_t(16) << 20;
+    TestSystem actors;
+    caf::actor_system& sys = actors.sys;
+    fd::LocalOptions opt = test_node_options(2, size_t(16) << 20);
     fd::LocalNode node = fd::start_local_node(sys, model, opt);
     auto sink = sys.spawn(span_collector, got);
     caf::scoped_actor self{sys};
