@@ -126,6 +126,17 @@ gatekeeper_actor connect(caf::actor_system& sys, const HostPort& hp, const std::
   }
 }
 
+// CAF 0.17 sometimes waits for ever in the actor system's destructor (await_detached_threads)
+// for a stopped shard whose last reference the middleman still holds once the gpu node is gone:
+// the process ends with `rc` at the latest `after` from now.
+void exit_within(std::chrono::seconds after, int rc) {
+  std::thread([after, rc] {
+    std::this_thread::sleep_for(after);
+    std::fflush(nullptr);
+    std::_Exit(rc);
+  }).detach();
+}
+
 // Prints what the shards served, stops them and waits until they are gone: a shard still
 // running when the actor system shuts down can keep the process from exiting.
 void report_and_stop(caf::scoped_actor& self, caf::actor_system& sys, const std::string& name,
@@ -214,11 +225,15 @@ int run_cpu_role(const NodeArgs& args) {
                    throw Error("the gpu node at " + args.join + " refused the shards: " +
                                sys.render(e));
                  });
-  } catch (...) {
-    // Shards left running would keep the actor system, and the process, from ending.
+  } catch (const std::exception& e) {
+    // Shards left running would keep the actor system, and the process, from ending; stopped,
+    // they may still meet the wait described at the end of this function, so the error is said
+    // here rather than after the actor system has gone.
     if (lane) caf::anon_send_exit(lane, caf::exit_reason::user_shutdown);
     for (auto& s : shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
-    throw;
+    std::cerr << "fastdecode-node: error: " << e.what() << "\n";
+    exit_within(std::chrono::seconds(3), 2);
+    return 2;
   }
   std::cerr << "cpu node " << name << ": " << shards.size() << " shard(s) joined " << args.join
             << "\n";
@@ -252,14 +267,8 @@ int run_cpu_role(const NodeArgs& args) {
   }
   report_and_stop(self, sys, name, shards);
   if (lane) caf::anon_send_exit(lane, caf::exit_reason::user_shutdown);
-  // CAF 0.17 sometimes waits forever in the actor system's destructor (await_detached_threads)
-  // for a stopped shard whose last reference the middleman still holds once the gpu node is
-  // gone. Everything is reported by now, so the process ends at the latest 3 s from here.
-  std::thread([rc] {
-    std::this_thread::sleep_for(std::chrono::seconds(3));
-    std::fflush(nullptr);
-    std::_Exit(rc);
-  }).detach();
+  // Everything is reported by now.
+  exit_within(std::chrono::seconds(3), rc);
   return rc;
 }
 
