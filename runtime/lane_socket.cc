@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "runtime/error.h"
 #include "runtime/tensor_memory.h"
@@ -78,7 +80,8 @@ void read_payload(int fd, Buffer& b, size_t n) {
   }
 }
 
-sockaddr_storage resolve(const std::string& host, uint16_t port, socklen_t& len, bool passive) {
+// Every address of host:port, in getaddrinfo's order of preference.
+std::vector<std::pair<sockaddr_storage, socklen_t>> resolve(const std::string& host, uint16_t port, bool passive) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -87,9 +90,12 @@ sockaddr_storage resolve(const std::string& host, uint16_t port, socklen_t& len,
   const std::string service = std::to_string(port);
   if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0 || !res)
     throw Error("data lane: cannot resolve '" + host + "': " + ::gai_strerror(rc));
-  sockaddr_storage out{};
-  std::memcpy(&out, res->ai_addr, res->ai_addrlen);
-  len = res->ai_addrlen;
+  std::vector<std::pair<sockaddr_storage, socklen_t>> out;
+  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    sockaddr_storage addr{};
+    std::memcpy(&addr, a->ai_addr, a->ai_addrlen);
+    out.emplace_back(addr, a->ai_addrlen);
+  }
   ::freeaddrinfo(res);
   return out;
 }
@@ -132,8 +138,7 @@ void Socket::shutdown() {
 }
 
 Socket listen_tcp(const std::string& host, uint16_t& port) {
-  socklen_t len = 0;
-  sockaddr_storage addr = resolve(host, port, len, true);
+  auto [addr, len] = resolve(host, port, true).front();
   Socket s(::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (s.fd() < 0) throw Error(sys_error("data lane: cannot create a socket"));
   int one = 1;
@@ -158,15 +163,23 @@ Socket accept_tcp(const Socket& listener, std::chrono::milliseconds timeout) {
   return s;
 }
 
+// Tries each address in turn: a name such as localhost may give ::1 first while the peer
+// listens on 127.0.0.1 only.
 Socket connect_tcp(const std::string& host, uint16_t port) {
-  socklen_t len = 0;
-  sockaddr_storage addr = resolve(host, port, len, false);
-  Socket s(::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (s.fd() < 0) throw Error(sys_error("data lane: cannot create a socket"));
-  if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&addr), len) != 0)
-    throw Error(sys_error(("data lane: cannot connect to " + host + ":" + std::to_string(port)).c_str()));
-  no_delay(s.fd());
-  return s;
+  std::string why;
+  for (auto& [addr, len] : resolve(host, port, false)) {
+    Socket s(::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (s.fd() < 0) {
+      why = sys_error("data lane: cannot create a socket");
+      continue;
+    }
+    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&addr), len) == 0) {
+      no_delay(s.fd());
+      return s;
+    }
+    why = sys_error(("data lane: cannot connect to " + host + ":" + std::to_string(port)).c_str());
+  }
+  throw Error(why);
 }
 
 void set_io_timeouts(const Socket& s, std::chrono::milliseconds send, std::chrono::milliseconds recv) {
