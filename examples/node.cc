@@ -1,5 +1,4 @@
 // fastdecode-node: one node of a FastDecode deployment.
-#include <iostream>
 
 #include "examples/common/net_roles.h"
 #include "examples/common/node_options.h"
@@ -15,7 +14,6 @@ int main(int argc, char** argv) {
     if (args.role == "cpu") return fd::run_cpu_role(args);
     return fd::run_prompts_all(args);
   } catch (const std::exception& e) {
-    std::cerr << "fastdecode-node: error: " << e.what() << "\n";
-    return 2;
+    return fd::report_node_error(e);
   }
 }

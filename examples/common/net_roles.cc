@@ -231,9 +231,9 @@ int run_cpu_role(const NodeArgs& args) {
     // here rather than after the actor system has gone.
     if (lane) caf::anon_send_exit(lane, caf::exit_reason::user_shutdown);
     for (auto& s : shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
-    std::cerr << "fastdecode-node: error: " << e.what() << "\n";
-    exit_within(std::chrono::seconds(3), 2);
-    return 2;
+    const int rc = report_node_error(e);
+    exit_within(std::chrono::seconds(3), rc);
+    return rc;
   }
   std::cerr << "cpu node " << name << ": " << shards.size() << " shard(s) joined " << args.join
             << "\n";

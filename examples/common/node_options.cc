@@ -204,4 +204,9 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   return true;
 }
 
+int report_node_error(const std::exception& e) {
+  std::cerr << "fastdecode-node: error: " << e.what() << "\n";
+  return 2;
+}
+
 }  // namespace fd

@@ -1,6 +1,7 @@
 // Command line of fastdecode-node.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -42,5 +43,8 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& out);
 
 // "8GiB", "512MiB", "1G", "4096" (bytes) -> bytes.
 size_t parse_size(const std::string& text);
+
+// The one line a node prints for an error that ends it; returns the exit code, 2.
+int report_node_error(const std::exception& e);
 
 }  // namespace fd
