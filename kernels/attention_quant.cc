@@ -1,14 +1,16 @@
 // Decode and prefill attention over the quantized KV formats (layouts in kernels/kv_format.h).
-// Keys are scored with exact integer dot products against a quantized query, so a key costs a
-// few integer instructions per 64 bytes; values are widened to fp32 in registers.
+// Keys are scored with exact integer dot products against a quantized query, and values are
+// summed with integer dot products over four keys against rounded weights, so that a key costs a
+// few integer instructions per 64 bytes on each side.
 
 // Highway 1.0 builds its AVX3_DL target (AVX-512 with VNNI) only on request; this file alone
-// asks, for VNNI's four-byte dot product in the q4 scores. Dispatch is per translation unit.
+// asks, for VNNI's four-byte dot products. Dispatch is per translation unit.
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL
 #endif
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -31,7 +33,7 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int kTileT = 16;    // keys scored per softmax step (a multiple of 4)
+constexpr int kTileT = kValueTileKeys;  // keys scored per softmax step (a multiple of 4)
 constexpr int kMaxHeadDim = 256;
 // K and V bytes fetched ahead of the kernel, in visits of one kv head's block: about one core's
 // share of the read bandwidth times the memory latency (measured best at 2-3 blocks of q4/q8 with
@@ -73,7 +75,7 @@ void AttendTileScalar(const Tile& tile, const KvBlocks& kv, size_t head_bytes, i
     float m = -std::numeric_limits<float>::infinity();
     for (int t = 0; t < tile.limit[j]; ++t) {
       const int b = t / kv.block_tokens;
-      f.decode_row(kv.k[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, k);
+      f.decode_row(KvPart::key, kv.k[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, k);
       float dot = 0.0f;
       for (size_t c = 0; c < hd; ++c) dot += static_cast<float>(qi[c]) * k[c];
       s[static_cast<size_t>(t)] = dot * qscale;
@@ -82,7 +84,7 @@ void AttendTileScalar(const Tile& tile, const KvBlocks& kv, size_t head_bytes, i
     float acc[kMaxHeadDim] = {}, l = 0.0f;
     for (int t = 0; t < tile.limit[j]; ++t) {
       const int b = t / kv.block_tokens;
-      f.decode_row(kv.v[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, v);
+      f.decode_row(KvPart::value, kv.v[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, v);
       const float p = std::exp(s[static_cast<size_t>(t)] - m);
       l += p;
       for (size_t c = 0; c < hd; ++c) acc[c] += p * v[c];
@@ -105,13 +107,16 @@ namespace hn = hwy::HWY_NAMESPACE;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
 HWY_INLINE __m128i MaddUbs(__m128i a, __m128i b) { return _mm_maddubs_epi16(a, b); }
 HWY_INLINE __m128i MaddOnes(__m128i a) { return _mm_madd_epi16(a, _mm_set1_epi16(1)); }
+HWY_INLINE __m128i Madd16(__m128i a, __m128i b) { return _mm_madd_epi16(a, b); }
 #if HWY_TARGET <= HWY_AVX2
 HWY_INLINE __m256i MaddUbs(__m256i a, __m256i b) { return _mm256_maddubs_epi16(a, b); }
 HWY_INLINE __m256i MaddOnes(__m256i a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
+HWY_INLINE __m256i Madd16(__m256i a, __m256i b) { return _mm256_madd_epi16(a, b); }
 #endif
 #if HWY_TARGET <= HWY_AVX3
 HWY_INLINE __m512i MaddUbs(__m512i a, __m512i b) { return _mm512_maddubs_epi16(a, b); }
 HWY_INLINE __m512i MaddOnes(__m512i a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
+HWY_INLINE __m512i Madd16(__m512i a, __m512i b) { return _mm512_madd_epi16(a, b); }
 #endif
 #define FD_X86_MADD 1
 #else
@@ -167,6 +172,34 @@ HWY_INLINE hn::Vec<D32> SumPairs(D32 d32, hn::Vec<hn::Repartition<int16_t, D32>>
 #else
   const auto w = hn::BitCast(d32, v);
   return hn::Add(hn::ShiftRight<16>(hn::ShiftLeft<16>(w)), hn::ShiftRight<16>(w));
+#endif
+}
+
+// int32 lane i of acc += sum over k < 4 of w[4i+k] * v[4i+k], for the bytes of w unsigned and
+// those of v signed (exact: 4 * 255 * 128 fits easily).
+template <class D32>
+HWY_INLINE hn::Vec<D32> DotQuads(D32 d32, hn::Vec<D32> acc, hn::Vec<D32> w, hn::Vec<D32> v) {
+#if FD_X86_VNNI
+  (void)d32;
+  return hn::Vec<D32>{DotBytes(acc.raw, w.raw, v.raw)};
+#elif FD_X86_MADD
+  // Even and odd bytes widened to int16, then two pairwise multiply-adds.
+  const hn::Repartition<int16_t, D32> d16;
+  const hn::Repartition<uint16_t, D32> du16;
+  const auto wu = hn::BitCast(du16, w);
+  const auto we = hn::BitCast(d16, hn::And(wu, hn::Set(du16, 0xFF)));
+  const auto wo = hn::BitCast(d16, hn::ShiftRight<8>(wu));
+  const auto vs = hn::BitCast(d16, v);
+  const auto ve = hn::ShiftRight<8>(hn::ShiftLeft<8>(vs));
+  const auto vo = hn::ShiftRight<8>(vs);
+  acc = hn::Add(acc, hn::Vec<D32>{Madd16(we.raw, ve.raw)});
+  return hn::Add(acc, hn::Vec<D32>{Madd16(wo.raw, vo.raw)});
+#else
+  const auto m = hn::Set(d32, 0xFF);
+  acc = hn::Add(acc, hn::Mul(hn::And(w, m), hn::ShiftRight<24>(hn::ShiftLeft<24>(v))));
+  acc = hn::Add(acc, hn::Mul(hn::And(hn::ShiftRight<8>(w), m), hn::ShiftRight<24>(hn::ShiftLeft<16>(v))));
+  acc = hn::Add(acc, hn::Mul(hn::And(hn::ShiftRight<16>(w), m), hn::ShiftRight<24>(hn::ShiftLeft<8>(v))));
+  return hn::Add(acc, hn::Mul(hn::And(hn::ShiftRight<24>(w), m), hn::ShiftRight<24>(v)));
 #endif
 }
 
@@ -295,88 +328,135 @@ HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* 
   }
 }
 
-// acc[j][units] += sum over rows t < n of w[j][t][group] * value; q4 rows. A unit is L bytes of
-// one group: its low nibbles are elements [32g + j0, +L), its high nibbles [32g + 16 + j0, +L).
+constexpr int kMaxGroups = kMaxHeadDim / 32;  // q4 scale groups per row
+
+// A tile's value weights for one query and scale group (see kernels/kv_format.h): w[t] =
+// probability * scale ~ u[t] * factor with u[t] in [0, 255].
+struct ValueWeights {
+  HWY_ALIGN uint8_t u[kTileT];  // those of rows 4k..4k+3 form quad word k
+  float factor = 0.0f;
+};
+
+// Rounds the weights w (lanes [t, t + Lanes(dt)) of the tile, all >= 0, w * inv <= 255 up to
+// rounding) into vw.u; round to nearest by adding 2^23, whose fp32 ulp is 1.
+template <class DT>
+HWY_INLINE void RoundWeights(DT dt, hn::Vec<DT> w, float inv, size_t t, ValueWeights& vw) {
+  const hn::RebindToSigned<DT> di;
+  const hn::Rebind<uint8_t, DT> du8;
+  const auto r = hn::MulAdd(w, hn::Set(dt, inv), hn::Set(dt, 8388608.0f));
+  const auto k = hn::Sub(hn::BitCast(di, r), hn::Set(di, 0x4B000000));  // the integers, in [0, 255]
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // One vpmovdb instead of DemoteTo's four instructions. (Highway 1.0.3's TruncateTo, which
+  // would do the same, picks the wrong lanes on AVX3_DL.)
+  if constexpr (hn::MaxLanes(DT()) == 16) {
+    hn::StoreU(hn::Vec128<uint8_t>{_mm512_cvtepi32_epi8(k.raw)}, du8, vw.u + t);
+    return;
+  }
+#endif
+  hn::StoreU(hn::DemoteTo(du8, k), du8, vw.u + t);
+}
+
+template <class D32>
+HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const ValueWeights& vw, int quad) {
+  int32_t word;
+  std::memcpy(&word, vw.u + 4 * quad, sizeof word);
+  return hn::Set(d32, word);
+}
+
+// acc[j][c0, c0 + CU * L) += factor_j * (sum over the tile's quads of weights . values): q8
+// value quads [n_quads][hd][4] int8, weights vw[j][0] per query.
 template <int NQ, int CU, class DF>
-HWY_INLINE void AccumulateQ4(DF df, const uint8_t* data, size_t row_bytes, size_t row0, int n,
-                             const float (*w)[kMaxHeadDim / 32][kTileT], size_t u0,
-                             float (*acc)[kMaxHeadDim]) {
-  using V = hn::Vec<DF>;
-  const hn::RebindToSigned<DF> di;
-  const hn::Rebind<uint8_t, DF> d8;
+HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* quads, size_t hd, int n_quads,
+                                  const ValueWeights (*vw)[kMaxGroups], size_t c0, float (*acc)[kMaxHeadDim]) {
+  const hn::RebindToSigned<DF> d32;
+  const hn::Repartition<int8_t, decltype(d32)> d8;
+  using VI = hn::Vec<decltype(d32)>;
+  const size_t L = hn::Lanes(df);
+  VI a[CU][NQ];
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 8
+    for (int u = 0; u < CU; ++u) a[u][j] = hn::Zero(d32);
+  for (int k = 0; k < n_quads; ++k) {
+    const int8_t* quad = quads + static_cast<size_t>(k) * hd * 4;
+    VI v[CU];
+#pragma GCC unroll 8
+    for (int u = 0; u < CU; ++u) v[u] = hn::BitCast(d32, hn::LoadU(d8, quad + (c0 + u * L) * 4));
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) {
+      const VI w = QuadWeights(d32, vw[j][0], k);
+#pragma GCC unroll 8
+      for (int u = 0; u < CU; ++u) a[u][j] = DotQuads(d32, a[u][j], w, v[u]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j) {
+    const auto f = hn::Set(df, vw[j][0].factor);
+#pragma GCC unroll 8
+    for (int u = 0; u < CU; ++u) {
+      float* out = acc[j] + c0 + u * L;
+      hn::Store(hn::MulAdd(f, hn::ConvertTo(df, a[u][j]), hn::Load(df, out)), df, out);
+    }
+  }
+}
+
+// The same for q4 value quads [n_quads][groups][16][4] bytes (nibbles taken as nibble - 8), one
+// ValueWeights per query and group. A unit is 4L bytes of one group: its low nibbles are
+// elements [32g + j0, + L), its high nibbles [32g + 16 + j0, + L).
+template <int NQ, int CU, class DF>
+HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, int n_quads,
+                                  const ValueWeights (*vw)[kMaxGroups], size_t u0, float (*acc)[kMaxHeadDim]) {
+  const hn::RebindToSigned<DF> d32;
+  const hn::Repartition<uint8_t, decltype(d32)> d8;
+  const hn::Repartition<uint16_t, decltype(d32)> du16;
+  using VI = hn::Vec<decltype(d32)>;
   const size_t L = hn::Lanes(df);
   const size_t per_group = 16 / L;
-  size_t g[CU], lo_at[CU];
-#pragma GCC unroll 4
+  size_t g[CU], at[CU];
+#pragma GCC unroll 8
   for (int u = 0; u < CU; ++u) {
     const size_t unit = u0 + static_cast<size_t>(u);
     g[u] = unit / per_group;
-    lo_at[u] = g[u] * 32 + (unit % per_group) * L;
+    at[u] = unit % per_group * L;  // element offset of the unit's low half within its group
   }
-  V a[CU][2][NQ];
+  VI a[CU][2][NQ];
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
+    for (int u = 0; u < CU; ++u) a[u][0][j] = a[u][1][j] = hn::Zero(d32);
+  const auto low = hn::Set(d8, 15);
+  const hn::RebindToSigned<decltype(d8)> di8;
+  const auto eight = hn::Set(di8, 8);
+  for (int k = 0; k < n_quads; ++k) {
+    const uint8_t* quad = quads + static_cast<size_t>(k) * groups * 64;
+    VI lo[CU], hi[CU];
+#pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) {
-      a[u][0][j] = hn::Load(df, acc[j] + lo_at[u]);
-      a[u][1][j] = hn::Load(df, acc[j] + lo_at[u] + 16);
-    }
-#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
-  // 16 lanes: a nibble indexes a table of the 16 values it stands for, in one permute.
-  HWY_ALIGN static constexpr float kValues[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
-  constexpr bool kTable = hn::MaxLanes(DF()) == 16;
-#else
-  constexpr bool kTable = false;
-#endif
-  for (int t = 0; t < n; ++t) {
-    const uint8_t* row = data + (row0 + static_cast<size_t>(t)) * row_bytes;
-    V v[CU][2];
-#pragma GCC unroll 4
-    for (int u = 0; u < CU; ++u) {
-      const auto b = hn::PromoteTo(di, hn::LoadU(d8, row + (u0 + static_cast<size_t>(u)) * L));
-      const auto lo = hn::And(b, hn::Set(di, 15));
-      const auto hi = hn::ShiftRight<4>(b);
-      if constexpr (kTable) {
-#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
-        const V table = hn::Load(df, kValues);
-        v[u][0] = hn::TableLookupLanes(table, hn::IndicesFromVec(df, lo));
-        v[u][1] = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hi));
-#endif
-      } else {
-        v[u][0] = hn::ConvertTo(df, hn::Sub(lo, hn::Set(di, 8)));
-        v[u][1] = hn::ConvertTo(df, hn::Sub(hi, hn::Set(di, 8)));
-      }
+      const auto b = hn::LoadU(d8, quad + g[u] * 64 + at[u] * 4);
+      const auto nib_hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(du16, b))), low);
+      lo[u] = hn::BitCast(d32, hn::Sub(hn::BitCast(di8, hn::And(b, low)), eight));
+      hi[u] = hn::BitCast(d32, hn::Sub(hn::BitCast(di8, nib_hi), eight));
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int u = 0; u < CU; ++u) {
-        const V wt = hn::Set(df, w[j][g[u]][t]);
-        a[u][0][j] = hn::MulAdd(wt, v[u][0], a[u][0][j]);
-        a[u][1][j] = hn::MulAdd(wt, v[u][1], a[u][1][j]);
+        const VI w = QuadWeights(d32, vw[j][g[u]], k);
+        a[u][0][j] = DotQuads(d32, a[u][0][j], w, lo[u]);
+        a[u][1][j] = DotQuads(d32, a[u][1][j], w, hi[u]);
       }
   }
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) {
-      hn::Store(a[u][0][j], df, acc[j] + lo_at[u]);
-      hn::Store(a[u][1][j], df, acc[j] + lo_at[u] + 16);
+      const auto f = hn::Set(df, vw[j][g[u]].factor);
+      for (int h = 0; h < 2; ++h) {
+        float* out = acc[j] + g[u] * 32 + at[u] + 16 * h;
+        hn::Store(hn::MulAdd(f, hn::ConvertTo(df, a[u][h][j]), hn::Load(df, out)), df, out);
+      }
     }
 }
-
-// q8 value rows [rows][hd] int8, read as fp32 for AccumulateRows (the row scale is folded into
-// the weights).
-struct Q8ValueRows {
-  const int8_t* data;
-  size_t hd;
-  template <class DF>
-  HWY_INLINE hn::Vec<DF> Load(DF df, size_t t, size_t c) const {
-    const hn::RebindToSigned<DF> di;
-    const hn::Rebind<int8_t, DF> d8;
-    return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, data + t * hd + c)));
-  }
-};
 
 // One query tile's running state over its keys (the quantized counterpart of attention.cc's).
 template <bool kQ4, int NQ>
@@ -384,9 +464,7 @@ struct QuantTileState {
   QuantQuery qq[NQ];
   HWY_ALIGN float acc[NQ][kMaxHeadDim];  // unnormalised outputs
   HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current key tile
-  // Value weights: q4 probability * group scale [j][g][t]; q8 probability * row scale [j][t].
-  HWY_ALIGN float w4[kQ4 ? NQ : 1][kMaxHeadDim / 32][kTileT];
-  HWY_ALIGN float w8[kQ4 ? 1 : NQ][kTileT];
+  ValueWeights vw[NQ][kMaxGroups];       // value weights [j][group] (q8: group 0)
   float m[NQ], l[NQ];
   int max_limit = 0;    // keys [0, max_limit) are visible to some query of the tile
   int min_limit = 0;    // ... and [0, min_limit) to all of them
@@ -407,16 +485,16 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   const size_t groups = hd / 32;
   const size_t row_bytes = kQ4 ? hd / 2 : hd;
-  const size_t data_off = kQ4 ? detail::q4_data_offset(bt, groups) : bt * sizeof(float);
+  const size_t k_off = kQ4 ? detail::q4_data_offset(KvPart::key, bt, groups) : bt * sizeof(float);
+  const size_t v_off = kQ4 ? detail::q4_data_offset(KvPart::value, bt, groups) : bt * sizeof(float);
   const size_t pf_pace = (head_bytes + bt - 1) / bt;  // one row's share of the head's bytes
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  constexpr int CU = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;  // value units / chunks per pass
 
   const uint8_t* kb = Bytes(kv.k[b]) + st.head_off;
   const uint8_t* vb = Bytes(kv.v[b]) + st.head_off;
   const size_t bn = std::min(bt, static_cast<size_t>(st.max_limit) - b * bt);  // rows used
-  const uint8_t* kd = kb + data_off;
-  const uint8_t* vd = vb + data_off;
+  const uint8_t* kd = kb + k_off;
+  const uint8_t* vd = vb + v_off;
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
@@ -444,36 +522,60 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
 #pragma GCC unroll 8
         for (int j = 0; j < NQ; ++j) st.s[j][t + i] = t0 + t + i < tile.limit[j] ? sums[j][i] : neg_inf;
     }
+    // Value weights: probability * the row's (q8) or the row and group's (q4) scale; zero
+    // beyond the tile's n rows, whose scales may be anything.
+    const size_t LT = hn::Lanes(dt);
+    constexpr int chunks = kTileT / static_cast<int>(hn::MaxLanes(dt));
+    hn::Vec<decltype(dt)> scale[kQ4 ? kMaxGroups : 1][chunks];
+    float smax[kQ4 ? kMaxGroups : 1];
+    for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
+      auto vmax = hn::Zero(dt);
+      for (int c = 0; c < chunks; ++c) {
+        const size_t t = static_cast<size_t>(c) * LT;
+        const auto live = hn::FirstN(dt, static_cast<size_t>(std::max(0, n - static_cast<int>(t))));
+        if constexpr (kQ4) {
+          const auto* sc = reinterpret_cast<const uint16_t*>(vb) + (tb / kTileT * groups + g) * kTileT;
+          scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, sc + t));
+        } else {
+          scale[g][c] = hn::MaskedLoad(live, dt, reinterpret_cast<const float*>(vb) + tb + t);
+        }
+        vmax = hn::Max(vmax, scale[g][c]);
+      }
+      smax[g] = hn::GetLane(hn::MaxOfLanes(dt, vmax));
+    }
     for (int j = 0; j < NQ; ++j) {
       SoftmaxFoldTile(dt, df, st.s[j], n, kTileT, st.m[j], st.l[j], st.acc[j], hd);
-      if constexpr (kQ4) {
-        // Four rows' scales of a group are adjacent: w4[j][g][t, t + 4) in one multiply.
-        const hn::Full128<float> d4;
-        for (int t = 0; t < n; t += 4) {
-          const auto* sc = reinterpret_cast<const uint16_t*>(vb) + (tb + static_cast<size_t>(t)) / 4 * groups * 4;
-          const auto p = hn::Load(d4, st.s[j] + t);
-          for (size_t g = 0; g < groups; ++g)
-            hn::Store(hn::Mul(p, LoadF16(d4, sc + g * 4)), d4, st.w4[j][g] + t);
+      auto vmax = hn::Load(dt, st.s[j]);
+      for (int c = 1; c < chunks; ++c) vmax = hn::Max(vmax, hn::Load(dt, st.s[j] + static_cast<size_t>(c) * LT));
+      const float pmax = hn::GetLane(hn::MaxOfLanes(dt, vmax));
+      for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
+        const float bound = pmax * smax[g];
+        ValueWeights& vw = st.vw[j][g];
+        vw.factor = bound / 255.0f;
+        const float inv = bound > 0.0f ? 255.0f / bound : 0.0f;
+        for (int c = 0; c < chunks; ++c) {
+          const size_t t = static_cast<size_t>(c) * LT;
+          RoundWeights(dt, hn::Mul(hn::Load(dt, st.s[j] + t), scale[g][c]), inv, t, vw);
         }
-      } else {
-        const float* sc = reinterpret_cast<const float*>(vb);
-        for (int t = 0; t < n; ++t) st.w8[j][t] = st.s[j][t] * sc[tb + static_cast<size_t>(t)];
       }
     }
+    const int n_quads = (n + 3) / 4;
     if constexpr (kQ4) {
-      // Two units' chains at least stay in flight on narrow heads.
-      const size_t units = row_bytes / L;
-      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CU, 2>(units, 1));
-      ForEachPass<CU, 2>(units, 1, [&](size_t u, auto width) {
+      constexpr int CQ = NQ == 1 ? 8 : NQ == 2 ? 4 : NQ <= 4 ? 2 : 1;  // units per pass
+      const size_t units = hd / (2 * L);
+      const uint8_t* quads = vd + tb / 4 * groups * 64;
+      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(units, 1));
+      ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
         next_values.Next();
-        AccumulateQ4<NQ, decltype(width)::value>(df, vd, row_bytes, tb, n, st.w4, u, st.acc);
+        AccumulateQuadsQ4<NQ, decltype(width)::value>(df, quads, groups, n_quads, st.vw, u, st.acc);
       });
     } else {
-      const Q8ValueRows vr{reinterpret_cast<const int8_t*>(vd), hd};
-      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CU, 2>(hd, L));
-      ForEachPass<CU, 2>(hd, L, [&](size_t c, auto width) {
+      constexpr int CQ = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;  // chunks per pass
+      const auto* quads = reinterpret_cast<const int8_t*>(vd) + tb / 4 * hd * 4;
+      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(hd, L));
+      ForEachPass<CQ, 2>(hd, L, [&](size_t c, auto width) {
         next_values.Next();
-        AccumulateRows<NQ, decltype(width)::value>(df, vr, tb, n, st.w8, c, st.acc);
+        AccumulateQuadsQ8<NQ, decltype(width)::value>(df, quads, hd, n_quads, st.vw, c, st.acc);
       });
     }
   }

@@ -47,10 +47,10 @@ class F16Format final : public KvFormatBase {
   size_t head_block_bytes(int bt, int hd) const override {
     return size_t(bt) * size_t(hd) * sizeof(uint16_t);
   }
-  void encode_row(const uint16_t* src, int hd, int, int t, uint8_t* hb) const override {
+  void encode_row(KvPart, const uint16_t* src, int hd, int, int t, uint8_t* hb) const override {
     copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
   }
-  void decode_row(const uint8_t* hb, int hd, int, int t, float* dst) const override {
+  void decode_row(KvPart, const uint8_t* hb, int hd, int, int t, float* dst) const override {
     uint16_t row[kMaxHeadDim];
     std::memcpy(row, hb + size_t(t) * hd * sizeof(uint16_t), size_t(hd) * sizeof(uint16_t));
     f16_to_f32(row, dst, size_t(hd));
@@ -63,24 +63,30 @@ class Q8Format final : public QuantFormatBase {
   const char* name() const override { return "q8"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim; }
   size_t head_block_bytes(int bt, int hd) const override {
-    return round_up(size_t(bt) * (sizeof(float) + size_t(hd)), 64);
+    return round_up(size_t(bt) * sizeof(float) + round_up(size_t(bt), 4) * size_t(hd), 64);
   }
-  void encode_row(const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
+  void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
     float x[kMaxHeadDim];
     f16_to_f32(src, x, size_t(hd));
     float amax = 0.0f;
     for (int i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(x[i]));
     const float scale = amax / 127.0f;
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    auto* dst = reinterpret_cast<int8_t*>(hb + size_t(bt) * sizeof(float) + size_t(t) * hd);
+    auto* data = reinterpret_cast<int8_t*>(hb + size_t(bt) * sizeof(float));
     for (int i = 0; i < hd; ++i)
-      dst[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+      data[index(part, t, i, hd)] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
     store_f32(hb + size_t(t) * sizeof(float), scale);
   }
-  void decode_row(const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
+  void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     const float scale = load_f32(hb + size_t(t) * sizeof(float));
-    const auto* x = reinterpret_cast<const int8_t*>(hb + size_t(bt) * sizeof(float) + size_t(t) * hd);
-    for (int i = 0; i < hd; ++i) dst[i] = static_cast<float>(x[i]) * scale;
+    const auto* data = reinterpret_cast<const int8_t*>(hb + size_t(bt) * sizeof(float));
+    for (int i = 0; i < hd; ++i) dst[i] = static_cast<float>(data[index(part, t, i, hd)]) * scale;
+  }
+
+ private:
+  static size_t index(KvPart part, int t, int i, int hd) {
+    return part == KvPart::key ? size_t(t) * size_t(hd) + size_t(i)
+                               : detail::q8_value_index(size_t(t), size_t(i), size_t(hd));
   }
 };
 
@@ -90,13 +96,16 @@ class Q4Format final : public QuantFormatBase {
   const char* name() const override { return "q4"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim && hd % 32 == 0; }
   size_t head_block_bytes(int bt, int hd) const override {
-    return round_up(detail::q4_data_offset(size_t(bt), size_t(hd) / 32) + size_t(bt) * size_t(hd) / 2, 64);
+    const size_t groups = size_t(hd) / 32;
+    const size_t data = round_up(size_t(bt), 4) * size_t(hd) / 2;
+    return round_up(std::max(detail::q4_data_offset(KvPart::key, size_t(bt), groups),
+                             detail::q4_data_offset(KvPart::value, size_t(bt), groups)) + data, 64);
   }
-  void encode_row(const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
+  void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
     float x[kMaxHeadDim];
     f16_to_f32(src, x, size_t(hd));
     const size_t groups = size_t(hd) / 32;
-    uint8_t* data = hb + detail::q4_data_offset(size_t(bt), groups) + size_t(t) * (size_t(hd) / 2);
+    uint8_t* data = hb + detail::q4_data_offset(part, size_t(bt), groups);
     for (size_t g = 0; g < groups; ++g) {
       const float* xg = x + g * 32;
       float amax = 0.0f;
@@ -111,24 +120,29 @@ class Q4Format final : public QuantFormatBase {
         return static_cast<uint8_t>(std::clamp(std::nearbyint(xg[i] * inv), -7.0f, 7.0f) + 8.0f);
       };
       for (int j = 0; j < 16; ++j)
-        data[g * 16 + size_t(j)] = static_cast<uint8_t>(nibble(j) | (nibble(j + 16) << 4));
-      std::memcpy(hb + detail::q4_scale_index(size_t(t), g, groups) * sizeof(uint16_t), &half, sizeof half);
+        data[index(part, t, g, size_t(j), groups)] = static_cast<uint8_t>(nibble(j) | (nibble(j + 16) << 4));
+      std::memcpy(hb + detail::q4_scale_index(part, size_t(t), g, groups) * sizeof(uint16_t), &half, sizeof half);
     }
   }
-  void decode_row(const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
+  void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     const size_t groups = size_t(hd) / 32;
-    const uint8_t* data = hb + detail::q4_data_offset(size_t(bt), groups) + size_t(t) * (size_t(hd) / 2);
+    const uint8_t* data = hb + detail::q4_data_offset(part, size_t(bt), groups);
     for (size_t g = 0; g < groups; ++g) {
       uint16_t half;
-      std::memcpy(&half, hb + detail::q4_scale_index(size_t(t), g, groups) * sizeof(uint16_t), sizeof half);
+      std::memcpy(&half, hb + detail::q4_scale_index(part, size_t(t), g, groups) * sizeof(uint16_t), sizeof half);
       float scale;
       f16_to_f32(&half, &scale, 1);
       for (int j = 0; j < 16; ++j) {
-        const uint8_t b = data[g * 16 + size_t(j)];
+        const uint8_t b = data[index(part, t, g, size_t(j), groups)];
         dst[g * 32 + size_t(j)] = static_cast<float>((b & 15) - 8) * scale;
         dst[g * 32 + 16 + size_t(j)] = static_cast<float>((b >> 4) - 8) * scale;
       }
     }
+  }
+
+ private:
+  static size_t index(KvPart part, int t, size_t g, size_t j, size_t groups) {
+    return part == KvPart::key ? (size_t(t) * groups + g) * 16 + j : detail::q4_value_index(size_t(t), g, j, groups);
   }
 };
 

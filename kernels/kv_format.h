@@ -1,15 +1,24 @@
 // Pluggable storage formats of the KV-cache. A format fixes how one kv head's rows of a block are
-// laid out (encoded on append) and supplies the attention kernel that reads them.
-//   f16: [block_tokens][head_dim] fp16.
-//   q8 : [block_tokens] fp32 scales, then [block_tokens][head_dim] int8; x = q * scale, one
-//        scale per token per kv head (max|x| / 127).
-//   q4 : [ceil(block_tokens/4)][head_dim/32][4] fp16 scales (the scales of four consecutive rows
-//        sit side by side per group, so that one vector load serves four rows), then
-//        [block_tokens][head_dim/32][16] bytes; in group g byte j holds element 32g+j in its low
-//        nibble and 32g+16+j in its high nibble, x = (nibble - 8) * scale with
-//        scale = fp16(max|x in group| / 7).
+// laid out (encoded on append) and supplies the attention kernel that reads them. Keys are stored
+// row by row, for dot products along head_dim; q8/q4 values interleave four consecutive rows per
+// element ("quads", padded to a multiple of 4 rows), for dot products along the keys.
+//   f16: [block_tokens][head_dim] fp16, keys and values.
+//   q8 : [block_tokens] fp32 scales, then keys [block_tokens][head_dim] int8, values
+//        [ceil(block_tokens/4)][head_dim][4] int8 (row t, element i at (t/4, i, t%4));
+//        x = q * scale, one scale per token per kv head (max|x| / 127).
+//   q4 : fp16 scales, then data. Keys: scales [ceil(block_tokens/4)][head_dim/32][4] (the
+//        scales of four consecutive rows sit side by side per group, so that one vector load
+//        serves four rows), data [block_tokens][head_dim/32][16] bytes. Values: scales
+//        [ceil(block_tokens/16)][head_dim/32][16] (a value tile's, side by side per group), data
+//        [ceil(block_tokens/4)][head_dim/32][16][4] bytes. In group g byte j (for values: byte
+//        (j, t%4)) holds element 32g+j in its low nibble and 32g+16+j in its high nibble,
+//        x = (nibble - 8) * scale with scale = fp16(max|x in group| / 7).
 // Attention quantizes the scaled query once per call (q8: int16, q4: int8, one scale per query
-// vector) and scores keys with exact integer dot products; values are accumulated in fp32.
+// vector) and scores keys with exact integer dot products. For the values it rounds, per query,
+// per tile of kValueTileKeys keys of a block (tiles start at multiples of it) and per scale group
+// (q8: the row, q4: 32 elements), the weights w = probability * scale to integers in [0, 255]
+// with one fp32 factor f = (largest probability) * (largest scale) / 255 of the tile, and
+// accumulates integer dot products with the stored integers; f then scales each tile's sums.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +28,12 @@
 
 namespace fd::kernels {
 
+// Which of a layer's two caches a row belongs to: the formats may lay them out differently.
+enum class KvPart : uint8_t { key, value };
+
+// Keys per tile of the quantized formats' value weights (see the layouts above).
+constexpr int kValueTileKeys = 16;
+
 class KvFormat {
  public:
   virtual ~KvFormat() = default;
@@ -27,12 +42,12 @@ class KvFormat {
   virtual bool supports(int head_dim) const = 0;
   // Bytes of one kv head's block (q8/q4 round up to 64 so every head starts a cache line).
   virtual size_t head_block_bytes(int block_tokens, int head_dim) const = 0;
-  // Encodes the fp16 row src [head_dim] as row t of head_block.
-  virtual void encode_row(const uint16_t* src, int head_dim, int block_tokens, int t,
+  // Encodes the fp16 row src [head_dim] as row t of a key or value head_block.
+  virtual void encode_row(KvPart part, const uint16_t* src, int head_dim, int block_tokens, int t,
                           uint8_t* head_block) const = 0;
-  // Decodes row t of head_block into dst [head_dim] (the values attention reads).
-  virtual void decode_row(const uint8_t* head_block, int head_dim, int block_tokens, int t,
-                          float* dst) const = 0;
+  // Decodes row t of a key or value head_block into dst [head_dim] (the values attention reads).
+  virtual void decode_row(KvPart part, const uint8_t* head_block, int head_dim, int block_tokens,
+                          int t, float* dst) const = 0;
   // Attention of every query row and head reading kv heads [kvh_begin, kvh_end); arguments as in
   // attention(). kv.dtype must be dtype().
   virtual void attend(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d,
@@ -55,10 +70,20 @@ void attend_quant_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv,
                         const AttnDims& d, int kvh_begin, int kvh_end, float* out);
 
 // q4 layout: index of the fp16 scale of row t, group g (of `groups` per row), and byte offset of
-// the nibbles, from the start of a head block.
-inline size_t q4_scale_index(size_t t, size_t g, size_t groups) { return (t / 4 * groups + g) * 4 + t % 4; }
-inline size_t q4_data_offset(size_t block_tokens, size_t groups) {
-  return (block_tokens + 3) / 4 * 4 * groups * sizeof(uint16_t);
+// the data, from the start of a head block.
+inline size_t q4_scale_index(KvPart part, size_t t, size_t g, size_t groups) {
+  const size_t rows = part == KvPart::key ? 4 : kValueTileKeys;  // rows whose scales sit side by side
+  return (t / rows * groups + g) * rows + t % rows;
+}
+inline size_t q4_data_offset(KvPart part, size_t block_tokens, size_t groups) {
+  const size_t rows = part == KvPart::key ? 4 : kValueTileKeys;
+  return (block_tokens + rows - 1) / rows * rows * groups * sizeof(uint16_t);
+}
+// Byte of row t, element i of a q8 value block's data, and of row t, group g, byte j of a q4
+// value block's data (both from the start of the data).
+inline size_t q8_value_index(size_t t, size_t i, size_t head_dim) { return (t / 4 * head_dim + i) * 4 + t % 4; }
+inline size_t q4_value_index(size_t t, size_t g, size_t j, size_t groups) {
+  return ((t / 4 * groups + g) * 16 + j) * 4 + t % 4;
 }
 }  // namespace detail
 

@@ -130,8 +130,8 @@ void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const
     auto* vd = const_cast<uint8_t*>(vb[b]);
     for (int h = 0; h < cfg_.n_kv_heads; ++h) {
       const size_t src = static_cast<size_t>(t) * row + static_cast<size_t>(h) * cfg_.head_dim;
-      format_->encode_row(k + src, cfg_.head_dim, cfg_.block_tokens, tb, kd + h * head_bytes_);
-      format_->encode_row(v + src, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_bytes_);
+      format_->encode_row(kernels::KvPart::key, k + src, cfg_.head_dim, cfg_.block_tokens, tb, kd + h * head_bytes_);
+      format_->encode_row(kernels::KvPart::value, v + src, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_bytes_);
     }
   }
   kernels::streaming_fence();  // the rows are read next by attention, maybe on another thread

@@ -276,10 +276,11 @@ TEST_CASE("KvStore with a quantized dtype encodes rows through its KvFormat", "[
         for (int which = 0; which < 2; ++which) {
           const uint8_t* block = (which == 0 ? kv.k : kv.v)[t / 16] + size_t(h) * hb;
           const uint16_t* src = (which == 0 ? k : v).data() + (size_t(t) * 2 + h) * 64;
-          f.encode_row(src, 64, 16, t % 16, expect.data());
+          const auto part = which == 0 ? fd::kernels::KvPart::key : fd::kernels::KvPart::value;
+          f.encode_row(part, src, 64, 16, t % 16, expect.data());
           std::vector<float> got(64), want(64);
-          f.decode_row(block, 64, 16, t % 16, got.data());
-          f.decode_row(expect.data(), 64, 16, t % 16, want.data());
+          f.decode_row(part, block, 64, 16, t % 16, got.data());
+          f.decode_row(part, expect.data(), 64, 16, t % 16, want.data());
           bad += got != want;
         }
     CHECK(bad == 0);
