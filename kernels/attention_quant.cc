@@ -55,7 +55,14 @@ float QuantizeQueryInts(const float* q, size_t hd, float levels, int32_t* qi) {
   }
   const float qscale = amax / levels;
   const float inv = qscale > 0.0f ? 1.0f / qscale : 0.0f;
-  for (size_t c = 0; c < hd; ++c) qi[c] = static_cast<int32_t>(std::clamp(std::nearbyint(x[c] * inv), -levels, levels));
+  // |x * inv| <= levels < 2^22: adding and subtracting 1.5 * 2^23 rounds to nearest even, as
+  // nearbyint does, without its library call per element (this loop was 9 % of int4 attention
+  // at ctx 512). This code is built for the baseline target, which has no FMA to fuse it.
+  constexpr float kRound = 12582912.0f;
+  for (size_t c = 0; c < hd; ++c) {
+    const float y = x[c] * inv;
+    qi[c] = static_cast<int32_t>(std::clamp((y + kRound) - kRound, -levels, levels));
+  }
   return qscale;
 }
 
@@ -213,10 +220,30 @@ struct QuantQuery {
   HWY_ALIGN int32_t init[kMaxHeadDim / 8];  // q4: lane 4g holds -8 * (sum of group g), else 0
 };
 
+// QuantizeQueryInts in vectors when Lanes(df) divides hd (the same integers and scale: the
+// products and maxima are exact alike, and NearestInt rounds to nearest even as nearbyint does).
+template <class DF>
+HWY_INLINE float QuantizeQueryIntsVec(DF df, const float* q, size_t hd, float levels, int32_t* qi) {
+  const size_t L = hn::Lanes(df);
+  if (hd % L != 0) return QuantizeQueryInts(q, hd, levels, qi);
+  const hn::RebindToSigned<DF> di;
+  const auto scale = hn::Set(df, 1.0f / std::sqrt(static_cast<float>(hd)));
+  auto vmax = hn::Zero(df);
+  for (size_t c = 0; c < hd; c += L) vmax = hn::Max(vmax, hn::Abs(hn::Mul(hn::LoadU(df, q + c), scale)));
+  const float qscale = hn::GetLane(hn::MaxOfLanes(df, vmax)) / levels;
+  const auto inv = hn::Set(df, qscale > 0.0f ? 1.0f / qscale : 0.0f);
+  const auto hi = hn::Set(di, static_cast<int32_t>(levels)), lo = hn::Neg(hi);
+  for (size_t c = 0; c < hd; c += L) {
+    const auto r = hn::NearestInt(hn::Mul(hn::Mul(hn::LoadU(df, q + c), scale), inv));
+    hn::StoreU(hn::Min(hn::Max(r, lo), hi), di, qi + c);
+  }
+  return qscale;
+}
+
 template <bool kQ4>
 void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
   int32_t qi[kMaxHeadDim];
-  qq.qscale = QuantizeQueryInts(q, hd, kQ4 ? kQ4Levels : kQ8Levels, qi);
+  qq.qscale = QuantizeQueryIntsVec(hn::CappedTag<float, 16>(), q, hd, kQ4 ? kQ4Levels : kQ8Levels, qi);
   if constexpr (kQ4) {
     for (size_t g = 0; g < hd / 32; ++g) {
       int32_t sum = 0;
@@ -232,11 +259,11 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
   }
 }
 
-// sums[j][i] = score of query j against key row rows[i] (i < 4) of a q4 head block, whose four
-// rows share the scale quad `scales` ([groups][4] fp16). DK: bytes per chunk (16, 32 or 64).
+// s[j][col + i] = score of query j against key row rows[i] (i < 4) of a q4 head block, whose
+// four rows share the scale quad `scales` ([groups][4] fp16). DK: bytes per chunk (16, 32 or 64).
 template <int NQ, class DK>
 HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const size_t* rows,
-                            const uint16_t* scales, const QuantQuery* qq, float (*sums)[4]) {
+                            const uint16_t* scales, const QuantQuery* qq, float (*s)[kTileT], size_t col) {
   const hn::RebindToSigned<DK> di8;
   const hn::Repartition<int32_t, DK> d32;
   const hn::Repartition<float, DK> df;
@@ -275,7 +302,7 @@ HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const 
   }
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
-    hn::StoreU(hn::Mul(FoldBlocks(df, f[j]), hn::Set(d4, qq[j].qscale)), d4, sums[j]);
+    hn::StoreU(hn::Mul(FoldBlocks(df, f[j]), hn::Set(d4, qq[j].qscale)), d4, s[j] + col);
 }
 
 // The same for a q8 head block: rows of int8 with fp32 scales `scales` (indexed by row).
@@ -283,10 +310,10 @@ HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const 
 // not fit the accumulators in registers).
 template <int NQ, class DK>
 HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* rows,
-                            const float* scales, const QuantQuery* qq, float (*sums)[4]) {
+                            const float* scales, const QuantQuery* qq, float (*s)[kTileT], size_t col) {
   if constexpr (NQ > 4) {
-    ScoreQuadQ8<4>(dk, data, hd, rows, scales, qq, sums);
-    ScoreQuadQ8<NQ - 4>(dk, data, hd, rows, scales, qq + 4, sums + 4);
+    ScoreQuadQ8<4>(dk, data, hd, rows, scales, qq, s, col);
+    ScoreQuadQ8<NQ - 4>(dk, data, hd, rows, scales, qq + 4, s + 4, col);
   } else {
     const hn::Rebind<int8_t, DK> d8;
     const hn::Repartition<int32_t, DK> d32;
@@ -323,7 +350,7 @@ HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* 
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) a[j][i] = hn::Add(a[j][i], a1[j][i]);
       const auto r = hn::BitCast(d4i, FoldBlocks(d32, Sum4InBlocks(d32, a[j][0], a[j][1], a[j][2], a[j][3])));
-      hn::StoreU(hn::Mul(hn::ConvertTo(d4, r), hn::Mul(rs, hn::Set(d4, qq[j].qscale))), d4, sums[j]);
+      hn::StoreU(hn::Mul(hn::ConvertTo(d4, r), hn::Mul(rs, hn::Set(d4, qq[j].qscale))), d4, s[j] + col);
     }
   }
 }
@@ -505,22 +532,19 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       next_keys.Next();
       size_t rows[4];
       for (int i = 0; i < 4; ++i) rows[i] = tb + static_cast<size_t>(std::min(t + i, n - 1));
-      float sums[NQ][4];
+      const size_t col = static_cast<size_t>(t);  // scores of rows >= n are set to -inf later
       if constexpr (kQ4) {
-        const auto* sc = reinterpret_cast<const uint16_t*>(kb) + (tb + static_cast<size_t>(t)) / 4 * groups * 4;
-        ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, sums);
+        const auto* sc = reinterpret_cast<const uint16_t*>(kb) + (tb + col) / 4 * groups * 4;
+        ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, st.s, col);
       } else {
         ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
-                        reinterpret_cast<const float*>(kb), st.qq, sums);
+                        reinterpret_cast<const float*>(kb), st.qq, st.s, col);
       }
-      if (t + 4 <= n && t0 + t + 4 <= st.min_limit) {  // four keys every query sees
-#pragma GCC unroll 8
-        for (int j = 0; j < NQ; ++j) std::copy_n(sums[j], 4, st.s[j] + t);
-        continue;
-      }
+      if (t + 4 <= n && t0 + t + 4 <= st.min_limit) continue;  // four keys every query sees
       for (int i = 0; i < 4 && t + i < n; ++i)
 #pragma GCC unroll 8
-        for (int j = 0; j < NQ; ++j) st.s[j][t + i] = t0 + t + i < tile.limit[j] ? sums[j][i] : neg_inf;
+        for (int j = 0; j < NQ; ++j)
+          if (t0 + t + i >= tile.limit[j]) st.s[j][t + i] = neg_inf;
     }
     // Value weights: probability * the row's (q8) or the row and group's (q4) scale; zero
     // beyond the tile's n rows, whose scales may be anything.
