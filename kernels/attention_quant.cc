@@ -218,6 +218,7 @@ struct QuantQuery {
   HWY_ALIGN int8_t lo[kMaxHeadDim / 2];   // q4: byte j of group g: element 32g + j ...
   HWY_ALIGN int8_t hi[kMaxHeadDim / 2];   // ... and element 32g + 16 + j, matching the nibbles
   HWY_ALIGN int32_t init[kMaxHeadDim / 8];  // q4: lane 4g holds -8 * (sum of group g), else 0
+  // (q4 with head_dim 64: lo, hi and init hold their 32 bytes twice.)
 };
 
 // QuantizeQueryInts in vectors when Lanes(df) divides hd (the same integers and scale: the
@@ -253,6 +254,11 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
         sum += qi[g * 32 + j] + qi[g * 32 + 16 + j];
       }
       for (size_t i = 0; i < 4; ++i) qq.init[g * 4 + i] = i == 0 ? -8 * sum : 0;
+    }
+    if (hd == 64) {  // a second copy for ScoreQuadQ4Pairs, which scores two rows per vector
+      std::copy_n(qq.lo, 32, qq.lo + 32);
+      std::copy_n(qq.hi, 32, qq.hi + 32);
+      std::copy_n(qq.init, 8, qq.init + 8);
     }
   } else {
     for (size_t c = 0; c < hd; ++c) qq.q16[c] = static_cast<int16_t>(qi[c]);
@@ -304,6 +310,50 @@ HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const 
   for (int j = 0; j < NQ; ++j)
     hn::StoreU(hn::Mul(FoldBlocks(df, f[j]), hn::Set(d4, qq[j].qscale)), d4, s[j] + col);
 }
+
+#if FD_X86_VNNI
+// ScoreQuadQ4 for head_dim 64 (32-byte rows) and four consecutive rows, two rows per 64-byte
+// vector: half the loads and dot products of 32-byte chunks. Queries are taken in pairs, whose
+// two rows pairs' sums are reduced together; lane (b, i) of that reduction holds row
+// 2 * (i & 1) + b / 2, group b & 1, query i / 2 of the pair.
+template <int NQ>
+HWY_INLINE void ScoreQuadQ4Pairs(const uint8_t* data, size_t row0, const uint16_t* scales,
+                                 const QuantQuery* qq, float (*s)[kTileT], size_t col) {
+  const hn::Full512<uint8_t> d8;
+  const hn::Full512<int8_t> di8;
+  const hn::Full512<int32_t> d32;
+  const hn::Full512<float> df;
+  const hn::Full128<float> d4;
+  // The scales [group][row] in the reduction's lane order; the pair's rows, summed over groups.
+  HWY_ALIGN static constexpr int32_t kScaleAt[16] = {0, 2, 0, 2, 4, 6, 4, 6, 1, 3, 1, 3, 5, 7, 5, 7};
+  HWY_ALIGN static constexpr int32_t kGroup0[16] = {0, 8, 1, 9, 2, 10, 3, 11, 0, 8, 1, 9, 2, 10, 3, 11};
+  HWY_ALIGN static constexpr int32_t kGroup1[16] = {4, 12, 5, 13, 6, 14, 7, 15, 4, 12, 5, 13, 6, 14, 7, 15};
+  const auto sc = hn::TableLookupLanes(LoadF16(df, scales), hn::SetTableIndices(df, kScaleAt));
+  const auto b01 = hn::LoadU(d8, data + row0 * 32), b23 = hn::LoadU(d8, data + (row0 + 2) * 32);
+  const auto lo01 = hn::And(b01, hn::Set(d8, 15)), hi01 = hn::ShiftRight<4>(b01);
+  const auto lo23 = hn::And(b23, hn::Set(d8, 15)), hi23 = hn::ShiftRight<4>(b23);
+  hn::Vec<decltype(d32)> a[NQ][2];
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j) {
+    const auto ql = hn::Load(di8, qq[j].lo), qh = hn::Load(di8, qq[j].hi);
+    const auto init = hn::Load(d32, qq[j].init);
+    a[j][0] = hn::Vec<decltype(d32)>{DotBytes(DotBytes(init.raw, lo01.raw, ql.raw), hi01.raw, qh.raw)};
+    a[j][1] = hn::Vec<decltype(d32)>{DotBytes(DotBytes(init.raw, lo23.raw, ql.raw), hi23.raw, qh.raw)};
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; j += 2) {
+    const int j1 = j + 1 < NQ ? j + 1 : j;
+    const auto r = hn::Mul(hn::ConvertTo(df, Sum4InBlocks(d32, a[j][0], a[j][1], a[j1][0], a[j1][1])), sc);
+    const auto rows = hn::Add(hn::TableLookupLanes(r, hn::SetTableIndices(df, kGroup0)),
+                              hn::TableLookupLanes(r, hn::SetTableIndices(df, kGroup1)));
+    hn::StoreU(hn::Mul(hn::LowerHalf(hn::LowerHalf(rows)), hn::Set(d4, qq[j].qscale)), d4, s[j] + col);
+    if (j1 != j) {
+      const auto upper = hn::Vec128<float>{_mm512_extractf32x4_ps(rows.raw, 1)};
+      hn::StoreU(hn::Mul(upper, hn::Set(d4, qq[j1].qscale)), d4, s[j1] + col);
+    }
+  }
+}
+#endif
 
 // The same for a q8 head block: rows of int8 with fp32 scales `scales` (indexed by row).
 // DK: int16 lanes per chunk. Each key chunk is widened once for up to four queries (more would
@@ -535,7 +585,15 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       const size_t col = static_cast<size_t>(t);  // scores of rows >= n are set to -inf later
       if constexpr (kQ4) {
         const auto* sc = reinterpret_cast<const uint16_t*>(kb) + (tb + col) / 4 * groups * 4;
+#if FD_X86_VNNI
+        if (hd == 64 && t + 4 <= n) {
+          ScoreQuadQ4Pairs<NQ>(kd, tb + col, sc, st.qq, st.s, col);
+        } else {
+          ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, st.s, col);
+        }
+#else
         ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, st.s, col);
+#endif
       } else {
         ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
                         reinterpret_cast<const float*>(kb), st.qq, st.s, col);
