@@ -33,7 +33,7 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int kTileT = kValueTileKeys;  // keys scored per softmax step (a multiple of 4)
+constexpr int kTileT = 2 * kValueTileKeys;  // the most keys scored per softmax step
 constexpr int kMaxHeadDim = 256;
 // K and V bytes fetched ahead of the kernel, in visits of one kv head's block: about one core's
 // share of the read bandwidth times the memory latency (measured best at 2-3 blocks of q4/q8 with
@@ -548,16 +548,16 @@ struct QuantTileState {
   size_t head_off = 0;  // bytes from a block's start to the tile's kv head
 };
 
-// Streaming softmax over the visible keys of block b in tiles of kTileT keys that start at
-// multiples of 4 within the block: per tile, score every key once for all NQ queries, fold the
+// Streaming softmax over the visible keys of block b in tiles of TT keys that start at
+// multiples of TT within the block: per tile, score every key once for all NQ queries, fold the
 // tile into the running max / denominator, then read each value row once. kn, vn: the K and V
 // rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps).
 // DK: the key chunk tag (q4: bytes, q8: int16), DF: the value tag (q4: at most 16 lanes).
-template <bool kQ4, int NQ, class DK, class DF>
+template <bool kQ4, int NQ, int TT, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
                                  size_t b, size_t hd, QuantTileState<kQ4, NQ>& st, const uint8_t* kn,
                                  const uint8_t* vn) {
-  const hn::CappedTag<float, kTileT> dt;
+  const hn::CappedTag<float, kValueTileKeys> dt;
   const size_t L = hn::Lanes(df);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   const size_t groups = hd / 32;
@@ -572,11 +572,11 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const size_t bn = std::min(bt, static_cast<size_t>(st.max_limit) - b * bt);  // rows used
   const uint8_t* kd = kb + k_off;
   const uint8_t* vd = vb + v_off;
-  for (size_t tb = 0; tb < bn; tb += kTileT) {
-    const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
+  for (size_t tb = 0; tb < bn; tb += TT) {
+    const int n = static_cast<int>(std::min<size_t>(TT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
-    const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
+    const size_t pf_begin = tb * pf_pace, pf_end = tb + TT >= bn ? head_bytes : (tb + n) * pf_pace;
     PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
     for (int t = 0; t < n; t += 4) {
       next_keys.Next();
@@ -607,7 +607,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     // Value weights: probability * the row's (q8) or the row and group's (q4) scale; zero
     // beyond the tile's n rows, whose scales may be anything.
     const size_t LT = hn::Lanes(dt);
-    constexpr int chunks = kTileT / static_cast<int>(hn::MaxLanes(dt));
+    constexpr int chunks = TT / static_cast<int>(hn::MaxLanes(dt));
     hn::Vec<decltype(dt)> scale[kQ4 ? kMaxGroups : 1][chunks];
     float smax[kQ4 ? kMaxGroups : 1];
     for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
@@ -616,8 +616,8 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         const size_t t = static_cast<size_t>(c) * LT;
         const auto live = hn::FirstN(dt, static_cast<size_t>(std::max(0, n - static_cast<int>(t))));
         if constexpr (kQ4) {
-          const auto* sc = reinterpret_cast<const uint16_t*>(vb) + (tb / kTileT * groups + g) * kTileT;
-          scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, sc + t));
+          const auto* sc = reinterpret_cast<const uint16_t*>(vb) + detail::q4_scale_index(KvPart::value, tb + t, g, groups);
+          scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, sc));
         } else {
           scale[g][c] = hn::MaskedLoad(live, dt, reinterpret_cast<const float*>(vb) + tb + t);
         }
@@ -626,7 +626,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       smax[g] = hn::GetLane(hn::MaxOfLanes(dt, vmax));
     }
     for (int j = 0; j < NQ; ++j) {
-      SoftmaxFoldTile(dt, df, st.s[j], n, kTileT, st.m[j], st.l[j], st.acc[j], hd);
+      SoftmaxFoldTile(dt, df, st.s[j], n, TT, st.m[j], st.l[j], st.acc[j], hd);
       auto vmax = hn::Load(dt, st.s[j]);
       for (int c = 1; c < chunks; ++c) vmax = hn::Max(vmax, hn::Load(dt, st.s[j] + static_cast<size_t>(c) * LT));
       const float pmax = hn::GetLane(hn::MaxOfLanes(dt, vmax));
@@ -665,7 +665,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
 
 // Attention of a group of tiles, block-major (for_each_block_visit); each tile's arithmetic is
 // the same as when it runs alone.
-template <bool kQ4, int NQ, class DK, class DF>
+template <bool kQ4, int NQ, int TT, class DK, class DF>
 HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* kv_heads, int n_tiles,
                                    const KvBlocks& kv, size_t head_bytes, int head_dim) {
   const size_t hd = static_cast<size_t>(head_dim);
@@ -689,24 +689,33 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
   for_each_block_visit(blocks, n_tiles, lookahead, [&](int i, size_t b, int ai, size_t ab) {
     const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
     const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
-    AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
+    AttendBlockQuant<kQ4, NQ, TT>(dk, df, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
   });
   for (int i = 0; i < n_tiles; ++i)
     for (int j = 0; j < NQ; ++j) StoreNormalized(df, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
 }
 
+template <bool kQ4, int TT, class DK, class DF>
+void RunQuantGroupTiles(DK dk, DF df, const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int hd) {
+  switch (t[0].n) {
+    case 1: return AttendGroupQuant<kQ4, 1, TT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 2: return AttendGroupQuant<kQ4, 2, TT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 3: return AttendGroupQuant<kQ4, 3, TT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 4: return AttendGroupQuant<kQ4, 4, TT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 5: return AttendGroupQuant<kQ4, 5, TT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 6: return AttendGroupQuant<kQ4, 6, TT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 7: return AttendGroupQuant<kQ4, 7, TT>(dk, df, t, kvh, n, kv, hb, hd);
+    default: return AttendGroupQuant<kQ4, 8, TT>(dk, df, t, kvh, n, kv, hb, hd);
+  }
+}
+
 template <bool kQ4, class DK, class DF>
 void RunQuantGroup(DK dk, DF df, const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int hd) {
-  switch (t[0].n) {
-    case 1: return AttendGroupQuant<kQ4, 1>(dk, df, t, kvh, n, kv, hb, hd);
-    case 2: return AttendGroupQuant<kQ4, 2>(dk, df, t, kvh, n, kv, hb, hd);
-    case 3: return AttendGroupQuant<kQ4, 3>(dk, df, t, kvh, n, kv, hb, hd);
-    case 4: return AttendGroupQuant<kQ4, 4>(dk, df, t, kvh, n, kv, hb, hd);
-    case 5: return AttendGroupQuant<kQ4, 5>(dk, df, t, kvh, n, kv, hb, hd);
-    case 6: return AttendGroupQuant<kQ4, 6>(dk, df, t, kvh, n, kv, hb, hd);
-    case 7: return AttendGroupQuant<kQ4, 7>(dk, df, t, kvh, n, kv, hb, hd);
-    default: return AttendGroupQuant<kQ4, 8>(dk, df, t, kvh, n, kv, hb, hd);
+  if constexpr (kQ4) {
+    if (value_tile_keys(kv.dtype, hd) == 2 * kValueTileKeys)
+      return RunQuantGroupTiles<kQ4, 2 * kValueTileKeys>(dk, df, t, kvh, n, kv, hb, hd);
   }
+  RunQuantGroupTiles<kQ4, kValueTileKeys>(dk, df, t, kvh, n, kv, hb, hd);
 }
 
 // Picks the widest vectors whose chunks divide the head.
