@@ -62,13 +62,16 @@ caf::result<s_output> start(StreamState& st, const step_tokens& in, const bytes*
   });
 }
 
-caf::result<s_output> finish_layer(StreamState& st, const layer_o& in) {
+caf::result<s_output> finish_layer(StreamState& st, layer_o& in) {
   const auto& cfg = st.backend->config();
   if (in.layer < 0 || in.layer >= cfg.n_layers ||
       in.o.size() != st.rows * cfg.q_width() * sizeof(float))
     return caf::make_error(caf::sec::invalid_argument, "attention output of the wrong shape");
   return guarded([&] {
     st.backend->attn_out(*st.act, in.layer, as<float>(in.o));
+    // O is done with and has Q's size: the next layer's Q is written into its pages instead of
+    // fresh ones that would be allocated and zeroed.
+    st.qkv.q.adopt(std::move(in.o));
     return next_output(st, in.layer + 1);
   });
 }
@@ -79,7 +82,7 @@ stream_actor::behavior_type stream_behavior(stream_actor::stateful_pointer<Strea
   self->state.act = self->state.backend->make_state();
   return {
       [self](const step_tokens& in) { return start(self->state, in, nullptr); },
-      [self](const layer_o& in) { return finish_layer(self->state, in); },
+      [self](layer_o& in) { return finish_layer(self->state, in); },
   };
 }
 
@@ -91,7 +94,7 @@ stage_actor::behavior_type stage_behavior(stage_actor::stateful_pointer<StreamSt
   return {
       [self](const step_tokens& in) { return start(self->state, in, nullptr); },
       [self](const pp_enter& in) { return start(self->state, in.step, &in.x); },
-      [self](const layer_o& in) { return finish_layer(self->state, in); },
+      [self](layer_o& in) { return finish_layer(self->state, in); },
   };
 }
 

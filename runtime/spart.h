@@ -42,6 +42,9 @@ class TypedBytes {
   std::vector<T> to_vector() const { return std::vector<T>(begin(), end()); }
   // Hands the bytes over and leaves the array empty.
   std::vector<char> release() { return std::exchange(b_, {}); }
+  // Takes over b's storage, contents and all: a later resize to the same size then neither
+  // allocates nor zero-fills.
+  void adopt(std::vector<char>&& b) { b_ = std::move(b); }
 
  private:
   std::vector<char> b_;  // malloc's alignment (16) suits float and uint16_t
