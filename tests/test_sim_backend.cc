@@ -61,7 +61,7 @@ StepOut run(const fd::SPartBackend& be, const fd::StepInput& in) {
 
 }  // namespace
 
-TEST_CASE("sim profile: parsing, comments, model line and the shipped A10 profile", "[sim]") {
+TEST_CASE("sim profile: parsing, comments, model line and the shipped A10 and H200 profiles", "[sim]") {
   const auto p = fd::parse_sim_profile(
       "# header\n\nmodel  llama-7b (A10)  \n1 0.00146   # batch 1\n  1024\t7.08e-3\r\n", "x");
   CHECK(p.model == "llama-7b (A10)");
@@ -71,6 +71,13 @@ TEST_CASE("sim profile: parsing, comments, model line and the shipped A10 profil
   CHECK(a10.layer_seconds(1) == Approx(1.46e-3));
   CHECK(a10.layer_seconds(1024) == Approx(7.08e-3));
   CHECK_FALSE(a10.model.empty());
+  // Measured points are taken as they are; between them T(B) is interpolated.
+  const auto h200 = fd::load_sim_profile(source_dir() + "/examples/profiles/h200-llama7b.txt");
+  CHECK(h200.batch.front() == 1);
+  CHECK(h200.batch.back() == 4096);
+  CHECK(h200.layer_seconds(512) == Approx(2.008e-3));
+  CHECK(h200.layer_seconds(384) > h200.layer_seconds(256));
+  CHECK(h200.layer_seconds(384) < h200.layer_seconds(512));
 }
 
 TEST_CASE("sim profile: scaling and writing it back", "[sim]") {
