@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -115,7 +116,7 @@ fd::StepInput scattered_step(int rows, int vocab, uint32_t seed) {
 // Runs the same calls on the CUDA and the CPU backend and compares every output: embedding
 // through final norm and LM head, then per layer RMSNorm + QKV + RoPE (attn_in) and, with the
 // same attention output O for both, Wo + residual + MLP (attn_out, seen through the logits).
-void compare_ops(const fd::Model& m) {
+void compare_ops(const fd::Model& m, std::initializer_list<int> steps = {15, 40, 3}) {
   auto gpu = cuda_or_skip(m);
   if (!gpu) return;
   auto cpu = fd::make_cpu_backend(m);
@@ -124,8 +125,8 @@ void compare_ops(const fd::Model& m) {
   auto cs = cpu->make_state();
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  // 15 rows, then 40 (the scratch grows), then 3.
-  for (int rows : {15, 40, 3}) {
+  // By default 15 rows, then 40 (the scratch grows), then 3.
+  for (int rows : steps) {
     INFO("step of " << rows << " rows");
     const fd::StepInput in = scattered_step(rows, c.vocab, static_cast<uint32_t>(rows));
     gpu->embed(*gs, in);
@@ -309,6 +310,12 @@ TEST_CASE("CUDA backend matches the CPU backend op by op on a random model", "[c
 
 TEST_CASE("CUDA backend matches the CPU backend op by op with head_dim 128 and 4:1 GQA", "[cuda]") {
   compare_ops(fd::make_random_model(config(2, 512, 4, 1, 1376, 1000), 12));
+}
+
+TEST_CASE("CUDA backend matches the CPU backend op by op when Q/K/V and O cross in pieces", "[cuda]") {
+  // 1999 rows of 8 KiB of Q/K/V: three pieces of about 5.2 MiB, whose ends fall inside Q and K,
+  // then a one-piece step again.
+  compare_ops(fd::make_random_model(config(1, 1024, 8, 8, 256, 300), 13), {1999, 5});
 }
 
 TEST_CASE("CUDA backend matches the CPU backend op by op on stories260K", "[cuda]") {

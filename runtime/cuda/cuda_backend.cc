@@ -42,6 +42,19 @@ int copy_threads() {
   return std::clamp(cores / 4, 1, 4);
 }
 
+// The copies between the GPU and the pinned buffers go in pieces of about this many bytes (at
+// most kMaxPieces), so that the host copies one piece while the next crosses PCIe.
+constexpr size_t kPieceBytes = size_t(4) << 20;
+constexpr int kMaxPieces = 16;
+
+// Pieces of a copy of n bytes: [piece_begin(n, i, pieces), piece_begin(n, i + 1, pieces)).
+int pieces_of(size_t n) {
+  return static_cast<int>(std::clamp<size_t>(n / kPieceBytes, 1, kMaxPieces));
+}
+size_t piece_begin(size_t n, int i, int pieces) {
+  return n * static_cast<size_t>(i) / static_cast<size_t>(pieces);
+}
+
 // dst[0, n) = src[0, n) in kCopySlice slices over the pool's threads.
 void parallel_copy(kernels::ThreadPool& pool, void* dst, const void* src, size_t n) {
   auto* d = static_cast<unsigned char*>(dst);
@@ -74,6 +87,8 @@ class CudaState : public SPartState {
     const unsigned flags = cudaEventDisableTiming | cudaEventBlockingSync;
     for (cudaEvent_t* e : {&inputs_copied, &o_copied, &outputs_ready})
       FD_CUDA_CHECK(cudaEventCreateWithFlags(e, flags), device);
+    // Waited for in quick succession while copying: no sleeping.
+    for (cudaEvent_t& e : piece_ready) FD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), device);
   }
 
   // Errors are ignored: a destructor cannot report them.
@@ -82,6 +97,8 @@ class CudaState : public SPartState {
     if (stream != nullptr) (void)cudaStreamSynchronize(stream);
     if (blas != nullptr) (void)cublasDestroy(blas);
     for (cudaEvent_t e : {inputs_copied, o_copied, outputs_ready})
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : piece_ready)
       if (e != nullptr) (void)cudaEventDestroy(e);
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
   }
@@ -96,7 +113,8 @@ class CudaState : public SPartState {
   cublasHandle_t blas = nullptr;        // bound to stream
   cudaEvent_t inputs_copied = nullptr;  // the copy out of h_in has finished
   cudaEvent_t o_copied = nullptr;       // the copy out of h_o has finished
-  cudaEvent_t outputs_ready = nullptr;  // a copy into h_qkv or h_logits has finished
+  cudaEvent_t outputs_ready = nullptr;  // the copy into h_logits (the step's end) has finished
+  cudaEvent_t piece_ready[kMaxPieces] = {};  // piece i of the copy into h_qkv has finished
 
   int rows = 0;        // tokens of the current step
   int n_logits = 0;    // logit rows of the current step
@@ -200,18 +218,35 @@ class CudaBackend : public SPartBackend {
                                theta_scale_, q, k, v, s.stream),
                   device_);
     const size_t bytes = rows * qkv_row_bytes();
-    FD_CUDA_CHECK(cudaMemcpyAsync(s.h_qkv.get(), s.qkv.get(), bytes, cudaMemcpyDeviceToHost, s.stream),
-                  device_);
-    FD_CUDA_CHECK(cudaEventRecord(s.outputs_ready, s.stream), device_);
+    const int pieces = pieces_of(bytes);
+    for (int i = 0; i < pieces; ++i) {
+      const size_t at = piece_begin(bytes, i, pieces), end = piece_begin(bytes, i + 1, pieces);
+      FD_CUDA_CHECK(cudaMemcpyAsync(s.h_qkv.get() + at, s.qkv.get() + at, end - at,
+                                    cudaMemcpyDeviceToHost, s.stream),
+                    device_);
+      FD_CUDA_CHECK(cudaEventRecord(s.piece_ready[i], s.stream), device_);
+    }
     // The buffers are fresh each layer (their bytes leave with the message): zeroed while the GPU
     // works.
     size_out();
-    FD_CUDA_CHECK(cudaEventSynchronize(s.outputs_ready), device_);
-    const unsigned char* h = s.h_qkv.get();
-    parallel_copy(s.copier, out.q.data(), h, qn * sizeof(float));
-    parallel_copy(s.copier, out.k.data(), h + qn * sizeof(float), kvn * sizeof(uint16_t));
-    parallel_copy(s.copier, out.v.data(), h + qn * sizeof(float) + kvn * sizeof(uint16_t),
-                  kvn * sizeof(uint16_t));
+    // h_qkv holds Q, K and V one after the other, as out's three arrays do.
+    struct Part {
+      unsigned char* dst;
+      size_t bytes;
+    };
+    const Part parts[3] = {{reinterpret_cast<unsigned char*>(out.q.data()), qn * sizeof(float)},
+                           {reinterpret_cast<unsigned char*>(out.k.data()), kvn * sizeof(uint16_t)},
+                           {reinterpret_cast<unsigned char*>(out.v.data()), kvn * sizeof(uint16_t)}};
+    for (int i = 0; i < pieces; ++i) {
+      FD_CUDA_CHECK(cudaEventSynchronize(s.piece_ready[i]), device_);
+      const size_t at = piece_begin(bytes, i, pieces), end = piece_begin(bytes, i + 1, pieces);
+      size_t part0 = 0;  // packed offset of the part
+      for (const Part& p : parts) {
+        const size_t lo = std::max(at, part0), hi = std::min(end, part0 + p.bytes);
+        if (lo < hi) parallel_copy(s.copier, p.dst + (lo - part0), s.h_qkv.get() + lo, hi - lo);
+        part0 += p.bytes;
+      }
+    }
   }
 
   // Returns once O is in pinned memory; the rest of the layer runs on the stream.
@@ -223,10 +258,17 @@ class CudaBackend : public SPartBackend {
     const int rows = s.rows;
     const size_t on = static_cast<size_t>(rows) * c_.q_width();
     FD_CUDA_CHECK(cudaEventSynchronize(s.o_copied), device_);
-    parallel_copy(s.copier, s.h_o.get(), o, on * sizeof(float));
-    FD_CUDA_CHECK(cudaMemcpyAsync(s.o.get(), s.h_o.get(), on * sizeof(float), cudaMemcpyHostToDevice,
-                                  s.stream),
-                  device_);
+    // Each piece crosses PCIe while the host copies the next.
+    const size_t bytes = on * sizeof(float);
+    const int pieces = pieces_of(bytes);
+    auto* h_o = reinterpret_cast<unsigned char*>(s.h_o.get());
+    auto* d_o = reinterpret_cast<unsigned char*>(s.o.get());
+    for (int i = 0; i < pieces; ++i) {
+      const size_t at = piece_begin(bytes, i, pieces), end = piece_begin(bytes, i + 1, pieces);
+      parallel_copy(s.copier, h_o + at, reinterpret_cast<const unsigned char*>(o) + at, end - at);
+      FD_CUDA_CHECK(cudaMemcpyAsync(d_o + at, h_o + at, end - at, cudaMemcpyHostToDevice, s.stream),
+                    device_);
+    }
     FD_CUDA_CHECK(cudaEventRecord(s.o_copied, s.stream), device_);
     FD_CUDA_CHECK(kc::f32_to_f16(s.o.get(), s.xb.get(), on, s.stream), device_);
     // The residual adds are the GEMMs' beta = 1 (fp32 accumulation into x).
