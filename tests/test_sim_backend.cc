@@ -75,7 +75,7 @@ TEST_CASE("sim profile: parsing, comments, model line and the shipped A10 and H2
   const auto h200 = fd::load_sim_profile(source_dir() + "/examples/profiles/h200-llama7b.txt");
   CHECK(h200.batch.front() == 1);
   CHECK(h200.batch.back() == 4096);
-  CHECK(h200.layer_seconds(512) == Approx(2.008e-3));
+  CHECK(h200.layer_seconds(512) == Approx(1.616e-3));
   CHECK(h200.layer_seconds(384) > h200.layer_seconds(256));
   CHECK(h200.layer_seconds(384) < h200.layer_seconds(512));
 }

@@ -87,8 +87,12 @@ class CudaState : public SPartState {
     const unsigned flags = cudaEventDisableTiming | cudaEventBlockingSync;
     for (cudaEvent_t* e : {&inputs_copied, &o_copied, &outputs_ready})
       FD_CUDA_CHECK(cudaEventCreateWithFlags(e, flags), device);
-    // Waited for in quick succession while copying: no sleeping.
-    for (cudaEvent_t& e : piece_ready) FD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), device);
+    // The first piece is waited for through the layer's GEMMs, so the caller sleeps; the others
+    // follow in quick succession while the host copies, so it does not.
+    for (cudaEvent_t& e : piece_ready) {
+      const unsigned piece_flags = &e == &piece_ready[0] ? flags : cudaEventDisableTiming;
+      FD_CUDA_CHECK(cudaEventCreateWithFlags(&e, piece_flags), device);
+    }
   }
 
   // Errors are ignored: a destructor cannot report them.
