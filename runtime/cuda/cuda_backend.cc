@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -230,8 +229,8 @@ class CudaBackend : public SPartBackend {
                     device_);
       FD_CUDA_CHECK(cudaEventRecord(s.piece_ready[i], s.stream), device_);
     }
-    // The buffers are fresh each layer (their bytes leave with the message): zeroed while the GPU
-    // works.
+    // K and V are fresh each layer (their bytes leave with the message; Q takes over the returned
+    // O's, actors/gpu_stream.cc): sized while the GPU works.
     size_out();
     // h_qkv holds Q, K and V one after the other, as out's three arrays do.
     struct Part {
