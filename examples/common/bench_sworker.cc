@@ -118,12 +118,12 @@ double time_batch(const SPartBackend& b, SPartState& s, int batch, double min_ti
   b.embed(s, in);
   // One pass: the backend's scratch is allocated and any lazy initialisation is done.
   // logits() with no logit rows only waits for the step's queued work.
-  // Each layer's Q/K/V leave in a message (fill_output), so the node's next attn_in allocates K
-  // and V again, and writes Q into the returning O's buffer (actors/gpu_stream.cc): so does each
-  // layer here.
   const auto pass = [&] {
     for (int l = 0; l < c.n_layers; ++l) {
       b.attn_in(s, l, a);
+      // Each layer's Q/K/V leave in a message (fill_output), so the node's next attn_in
+      // allocates K and V again, and writes Q into the returning O's buffer
+      // (actors/gpu_stream.cc): so does each layer here.
       a.k = {};
       a.v = {};
       b.attn_out(s, l, o.data());

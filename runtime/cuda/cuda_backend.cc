@@ -46,12 +46,17 @@ int copy_threads() {
 constexpr size_t kPieceBytes = size_t(4) << 20;
 constexpr int kMaxPieces = 16;
 
-// Pieces of a copy of n bytes: [piece_begin(n, i, pieces), piece_begin(n, i + 1, pieces)).
 int pieces_of(size_t n) {
   return static_cast<int>(std::clamp<size_t>(n / kPieceBytes, 1, kMaxPieces));
 }
-size_t piece_begin(size_t n, int i, int pieces) {
-  return n * static_cast<size_t>(i) / static_cast<size_t>(pieces);
+
+// Bytes [at, end) of a copy of n bytes: piece i of `pieces`.
+struct Piece {
+  size_t at, end;
+};
+Piece piece(size_t n, int i, int pieces) {
+  const auto begin = [&](int j) { return n * static_cast<size_t>(j) / static_cast<size_t>(pieces); };
+  return {begin(i), begin(i + 1)};
 }
 
 // dst[0, n) = src[0, n) in kCopySlice slices over the pool's threads.
@@ -191,21 +196,21 @@ class CudaBackend : public SPartBackend {
     const DeviceLayer& w = weights(layer);
     const size_t rows = static_cast<size_t>(s.rows);
     const size_t qn = rows * c_.q_width(), kvn = rows * c_.kv_width();
+    const size_t bytes = rows * qkv_row_bytes();  // of Q, K and V together
     // Fresh buffers are zeroed page by page as they are first touched: from 1 MiB on side by
     // side (H200, 7B, per layer: batch 64, 2 MiB, 0.89 -> 0.61 ms; at batch 16, 0.5 MiB, waking
     // the copy threads cost more than it saved, 0.29 -> 0.35-0.38 ms).
     const auto size_out = [&] {
-      if (qn * sizeof(float) + 2 * kvn * sizeof(uint16_t) < kCopySlice) {
-        out.q.resize(qn);
-        out.k.resize(kvn);
-        out.v.resize(kvn);
-        return;
-      }
-      s.copier.run(3, [&](size_t i) {
+      const auto size_one = [&](size_t i) {
         if (i == 0) out.q.resize(qn);
         if (i == 1) out.k.resize(kvn);
         if (i == 2) out.v.resize(kvn);
-      });
+      };
+      if (bytes < kCopySlice) {
+        for (size_t i = 0; i < 3; ++i) size_one(i);
+      } else {
+        s.copier.run(3, size_one);
+      }
     };
     if (rows == 0) return size_out();
     use_device();
@@ -220,10 +225,9 @@ class CudaBackend : public SPartBackend {
     FD_CUDA_CHECK(kc::qkv_rope(s.work.get(), s.pos(), s.rows, c_.n_heads, c_.n_kv_heads, c_.head_dim,
                                theta_scale_, q, k, v, s.stream),
                   device_);
-    const size_t bytes = rows * qkv_row_bytes();
     const int pieces = pieces_of(bytes);
     for (int i = 0; i < pieces; ++i) {
-      const size_t at = piece_begin(bytes, i, pieces), end = piece_begin(bytes, i + 1, pieces);
+      const auto [at, end] = piece(bytes, i, pieces);
       FD_CUDA_CHECK(cudaMemcpyAsync(s.h_qkv.get() + at, s.qkv.get() + at, end - at,
                                     cudaMemcpyDeviceToHost, s.stream),
                     device_);
@@ -242,7 +246,7 @@ class CudaBackend : public SPartBackend {
                            {reinterpret_cast<unsigned char*>(out.v.data()), kvn * sizeof(uint16_t)}};
     for (int i = 0; i < pieces; ++i) {
       FD_CUDA_CHECK(cudaEventSynchronize(s.piece_ready[i]), device_);
-      const size_t at = piece_begin(bytes, i, pieces), end = piece_begin(bytes, i + 1, pieces);
+      const auto [at, end] = piece(bytes, i, pieces);
       size_t part0 = 0;  // packed offset of the part
       for (const Part& p : parts) {
         const size_t lo = std::max(at, part0), hi = std::min(end, part0 + p.bytes);
@@ -267,7 +271,7 @@ class CudaBackend : public SPartBackend {
     auto* h_o = reinterpret_cast<unsigned char*>(s.h_o.get());
     auto* d_o = reinterpret_cast<unsigned char*>(s.o.get());
     for (int i = 0; i < pieces; ++i) {
-      const size_t at = piece_begin(bytes, i, pieces), end = piece_begin(bytes, i + 1, pieces);
+      const auto [at, end] = piece(bytes, i, pieces);
       parallel_copy(s.copier, h_o + at, reinterpret_cast<const unsigned char*>(o) + at, end - at);
       FD_CUDA_CHECK(cudaMemcpyAsync(d_o + at, h_o + at, end - at, cudaMemcpyHostToDevice, s.stream),
                     device_);
