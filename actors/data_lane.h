@@ -7,6 +7,9 @@
 //   gpu node: LaneAcceptor ── one lane_actor per cpu node ── one lane shard per remote shard
 //   cpu node: connect_lane() ── lane_server_actor ── the node's shards
 //
+// A lane actor writes the requests; its reader thread sends each answer straight to the actor
+// that asked, so answers never queue behind a request being written.
+//
 // A cpu node joins (BASP), connects to the lane port from join_reply and says hello (secret,
 // protocol version, run id and a random key); once welcomed it registers its shards naming that
 // key, and the gatekeeper puts a lane shard in front of each.

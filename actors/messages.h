@@ -43,6 +43,7 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using vocab_atom = caf::atom_constant<caf::atom("vocab")>;
 using lane_atom = caf::atom_constant<caf::atom("lane")>;
 using expire_atom = caf::atom_constant<caf::atom("expire")>;
+using sweep_atom = caf::atom_constant<caf::atom("sweep")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 
 // Bumped whenever a message changes: nodes of different versions refuse each other.
@@ -270,13 +271,6 @@ struct lane_hello {
   std::string node;     // for logs
 };
 
-// Data lane reader thread -> its lane actor (gpu side): the answer to one request.
-struct lane_answer {
-  uint64_t ticket = 0;
-  attn_reply reply;
-  caf::error error;  // the shard's error instead of a reply
-};
-
 // Data lane reader thread -> its lane server (cpu side): a request for the node's shard `shard`.
 struct lane_request {
   uint64_t ticket = 0;
@@ -436,10 +430,6 @@ typename Inspector::result_type inspect(Inspector& f, join_reply& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lane_hello& x) {
   return f(caf::meta::type_name("lane_hello"), x.token, x.version, x.run_id, x.key, x.node);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, lane_answer& x) {
-  return f(caf::meta::type_name("lane_answer"), x.ticket, x.reply, x.error);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lane_request& x) {

@@ -37,9 +37,9 @@ using tp_rank_actor = caf::typed_actor<
 // of its own, so tensor bytes are not copied through BASP (actors/data_lane.h).
 using lane_actor = caf::typed_actor<
     caf::replies_to<lane_atom, int32_t, attn_request>::with<attn_reply>,  // to the node's shard i
-    caf::reacts_to<lane_answer>,                            // its reader thread: an answer came
     caf::reacts_to<lane_closed>,                            // its reader thread: connection over
-    caf::reacts_to<expire_atom, uint64_t>,                  // a request's deadline passed
+    caf::reacts_to<expire_atom>,                            // no shards registered in time?
+    caf::reacts_to<sweep_atom>,                             // fail the requests past their deadline
     caf::reacts_to<watch_atom, std::vector<shard_actor>>>;  // close once these shards are gone
 
 // Data lane, cpu side: hands the requests its reader thread gets to the local shards and writes
@@ -237,7 +237,6 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::stage_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::tp_rank_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::trace_packed))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_hello))
-CAF_ADD_TYPE_ID(fastdecode, (fd::lane_answer))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_request))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_closed))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_actor))
