@@ -17,6 +17,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <iostream>
 #include <sstream>
@@ -96,7 +97,9 @@ bool parse_options(int argc, char** argv, Options& o) {
                  "Throughput (MiB/s, ratio = actor over TCP): reps transfers per path with --window of\n"
                  "them in flight, each sent when an earlier one is answered, median of 3 rounds.\n"
                  "One-at-a-time (1-by-1): the payload over the median time of a single transfer and its\n"
-                 "ack. echo_ms is the median round trip when the payload comes back. The small payload's\n"
+                 "ack. echo_ms is the median round trip when the payload comes back. cpu: CPU time of\n"
+                 "both processes per streamed transfer (where two cores bound the speed, this is what\n"
+                 "a path costs). The small payload's\n"
                  "round trip is what each layer's shard hop costs; overhead is actor minus TCP.\n";
     return false;
   }
@@ -439,13 +442,32 @@ Timings measure(Paths& paths, const std::vector<char>& payload, int32_t mode, in
 }
 
 struct Throughput {
-  double lane = 0, basp = 0, tcp = 0;  // MiB/s
+  double lane = 0, basp = 0, tcp = 0;                 // MiB/s
+  double lane_cpu = 0, basp_cpu = 0, tcp_cpu = 0;     // µs of CPU per transfer, both processes
+};
+
+// CPU time of both processes, so that a path's cost shows even where two cores bound its speed.
+class CpuClock {
+ public:
+  explicit CpuClock(pid_t server) {
+    if (::clock_getcpuclockid(server, &server_) != 0) throw Error("cannot read the server process's CPU clock");
+  }
+  double seconds() const { return read(CLOCK_PROCESS_CPUTIME_ID) + read(server_); }
+
+ private:
+  static double read(clockid_t c) {
+    timespec t{};
+    ::clock_gettime(c, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+  clockid_t server_{};
 };
 
 // Median over three rounds of the throughput of each path with `window` transfers in flight. Each
 // transfer sends a buffer of its own, as each layer's request does, built before the round's
 // timing starts: the actor paths' messages, and as many copies of the payload for TCP.
-Throughput measure_stream(Paths& paths, const std::vector<char>& payload, int reps, int window) {
+Throughput measure_stream(Paths& paths, const CpuClock& cpu, const std::vector<char>& payload, int reps,
+                          int window) {
   const double mib = static_cast<double>(payload.size()) / kMiB * reps;
   const auto messages = [&] {
     std::vector<caf::message> m;
@@ -454,15 +476,24 @@ Throughput measure_stream(Paths& paths, const std::vector<char>& payload, int re
   };
   const size_t w = static_cast<size_t>(window);
   std::vector<double> lane, basp, tcp;
-  for (int round = 0; round < 3; ++round) {
+  double cpu_s[3] = {};  // lane, BASP, TCP over all rounds
+  const auto timed = [&](int path, const auto& run) {
+    const double c0 = cpu.seconds();
+    const double seconds = run();
+    cpu_s[path] += cpu.seconds() - c0;
+    return mib / seconds;
+  };
+  constexpr int kRounds = 3;
+  for (int round = 0; round < kRounds; ++round) {
     auto m = messages();
-    lane.push_back(mib / paths.actor_stream(true, m, w));
+    lane.push_back(timed(0, [&] { return paths.actor_stream(true, m, w); }));
     m = messages();
-    basp.push_back(mib / paths.actor_stream(false, m, w));
+    basp.push_back(timed(1, [&] { return paths.actor_stream(false, m, w); }));
     const std::vector<std::vector<char>> copies(static_cast<size_t>(reps), payload);
-    tcp.push_back(mib / paths.tcp_stream(copies, w));
+    tcp.push_back(timed(2, [&] { return paths.tcp_stream(copies, w); }));
   }
-  return {median(lane), median(basp), median(tcp)};
+  const double per = 1e6 / (kRounds * reps);
+  return {median(lane), median(basp), median(tcp), cpu_s[0] * per, cpu_s[1] * per, cpu_s[2] * per};
 }
 
 int run(const Options& o) {
@@ -474,20 +505,22 @@ int run(const Options& o) {
     caf::actor_system sys{cfg};
     {
       Paths paths(sys, server);
+      const CpuClock cpu(server.pid);
       if (!o.json)
         std::printf("loopback, transfer = payload + ack; throughput with %d in flight, 1-by-1 from the\n"
                     "median single transfer; actor = the data lane a micro-batch uses for a remote\n"
-                    "shard, BASP = CAF's own; echo columns in ms\n"
-                    "%6s %5s %11s %10s %10s %6s %6s %8s %8s %7s %8s %8s %8s\n",
+                    "shard, BASP = CAF's own; echo columns in ms; cpu = µs of CPU per streamed\n"
+                    "transfer, both processes\n"
+                    "%6s %5s %11s %10s %10s %6s %6s %8s %8s %7s %8s %8s %8s %6s %6s %6s\n",
                     o.window, "MiB", "reps", "actor MiB/s", "BASP MiB/s", "TCP MiB/s", "ratio", "BASP r.",
-                    "1-by-1 a", "1-by-1 t", "1b1 r.", "a echo", "B echo", "T echo");
+                    "1-by-1 a", "1-by-1 t", "1b1 r.", "a echo", "B echo", "T echo", "a cpu", "B cpu", "T cpu");
       for (int mb : o.sizes_mb) {
         const int reps = o.reps > 0 ? o.reps : std::max(5, std::min(100, 512 / mb));
         std::vector<char> payload(size_t(mb) * kMiB);
         for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131);
         const Timings one = measure(paths, payload, kAck, reps);
         const Timings echo = measure(paths, payload, kEcho, std::max(3, reps / 2));
-        const Throughput tp = measure_stream(paths, payload, reps, o.window);
+        const Throughput tp = measure_stream(paths, cpu, payload, reps, o.window);
         const double lane = mb / median(one.lane), basp = mb / median(one.basp), tcp = mb / median(one.tcp);
         const double lane_echo_ms = median(echo.lane) * 1e3, basp_echo_ms = median(echo.basp) * 1e3,
                      tcp_echo_ms = median(echo.tcp) * 1e3;
@@ -502,6 +535,9 @@ int run(const Options& o) {
               .add("tcp_mib_s", tp.tcp)
               .add("ratio", tp.lane / tp.tcp)
               .add("basp_ratio", tp.basp / tp.tcp)
+              .add("actor_cpu_us", tp.lane_cpu)
+              .add("basp_cpu_us", tp.basp_cpu)
+              .add("tcp_cpu_us", tp.tcp_cpu)
               .add("one_actor_mib_s", lane)
               .add("one_basp_mib_s", basp)
               .add("one_tcp_mib_s", tcp)
@@ -511,9 +547,9 @@ int run(const Options& o) {
               .add("tcp_echo_ms", tcp_echo_ms);
           std::cout << j.str() << std::endl;
         } else {
-          std::printf("%6d %5d %11.1f %10.1f %10.1f %6.2f %6.2f %8.1f %8.1f %7.2f %8.2f %8.2f %8.2f\n", mb, reps,
-                      tp.lane, tp.basp, tp.tcp, tp.lane / tp.tcp, tp.basp / tp.tcp, lane, tcp, lane / tcp,
-                      lane_echo_ms, basp_echo_ms, tcp_echo_ms);
+          std::printf("%6d %5d %11.1f %10.1f %10.1f %6.2f %6.2f %8.1f %8.1f %7.2f %8.2f %8.2f %8.2f %6.0f %6.0f %6.0f\n",
+                      mb, reps, tp.lane, tp.basp, tp.tcp, tp.lane / tp.tcp, tp.basp / tp.tcp, lane, tcp,
+                      lane / tcp, lane_echo_ms, basp_echo_ms, tcp_echo_ms, tp.lane_cpu, tp.basp_cpu, tp.tcp_cpu);
           std::fflush(stdout);
         }
       }
