@@ -290,7 +290,6 @@ namespace fd::kernels {
 HWY_EXPORT(AttendHeadsF16Impl);
 HWY_EXPORT(AttendHeadsImpl);
 
-
 namespace {
 
 void check_shape(const AttnDims& d, int block_tokens) {
