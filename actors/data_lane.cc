@@ -1,7 +1,10 @@
 #include "actors/data_lane.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <iostream>
+#include <condition_variable>
 #include <optional>
 
 #include "actors/gatekeeper.h"
@@ -113,12 +116,51 @@ caf::timespan sweep_period(caf::timespan timeout) {
   return std::clamp<caf::timespan>(timeout / 8, std::chrono::milliseconds(10), std::chrono::seconds(1));
 }
 
+}  // namespace
+
+// What a lane's actor and its lane shards share: the socket, the requests in flight, and who
+// writes. Frames go out one at a time and in order: a lane shard writes its request in its
+// sender's thread when no write is under way, none waits at the lane actor and the socket has
+// room for the frame; otherwise the lane actor writes it (so a peer that stops reading blocks the
+// lane actor's thread, not the requester's).
+struct LaneWire {
+  std::shared_ptr<lane::Socket> sock;
+  PendingRequests pending;
+  caf::timespan timeout{};
+  std::atomic<uint64_t> next_ticket{0};
+  std::atomic<bool> sweeping{false};  // a sweep_atom is on its way to the lane actor
+  std::atomic<bool> closed{false};    // requests registered now are failed by whoever added them
+  std::mutex mu;
+  std::condition_variable idle;
+  bool writing = false;  // guarded by mu
+  size_t queued = 0;     // requests handed to the lane actor, not yet written; guarded by mu
+
+  // Registers a request before its frame is written (its answer may come before the write returns).
+  uint64_t add(caf::strong_actor_ptr to, caf::message_id mid) {
+    const uint64_t ticket = ++next_ticket;
+    pending.add(ticket, {std::move(to), mid, std::chrono::steady_clock::now() + timeout});
+    return ticket;
+  }
+  // Writes request `ticket` for the node's shard `shard`; throws fd::Error when the connection fails.
+  void write(caf::actor_system& sys, uint64_t ticket, int32_t shard, attn_request& req) {
+    const Buffer meta = encode(sys, req.step, req.layer, req.seqs);
+    const Buffer* payload[lane::kPayloads] = {&req.q, &req.k, &req.v};
+    lane::write_frame(*sock, FrameKind::request, ticket, static_cast<uint32_t>(shard), meta, payload);
+  }
+  void done_writing() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      writing = false;
+    }
+    idle.notify_all();
+  }
+};
+
+namespace {
+
 struct LaneState {
   LaneEnd end;
-  std::shared_ptr<PendingRequests> pending = std::make_shared<PendingRequests>();
-  uint64_t next_ticket = 0;
-  caf::timespan timeout{};
-  bool sweeping = false;  // a sweep_atom is on its way
+  std::shared_ptr<LaneWire> wire;
   std::string node;
   bool claimed = false;
   size_t watched = 0;  // lane shards still alive
@@ -131,6 +173,7 @@ using lane_ptr = lane_actor::stateful_pointer<LaneState>;
 // until the connection ends; then tells `to` why.
 template <class Actor, class OnFrame>
 void read_frames(std::shared_ptr<lane::Socket> sock, Actor to, const char* closed, OnFrame on_frame) {
+  ::pthread_setname_np(::pthread_self(), "fd.lane.reader");  // for top -H and profiles
   std::string why = closed;
   try {
     lane::Frame f;
@@ -146,10 +189,9 @@ void read_frames(std::shared_ptr<lane::Socket> sock, Actor to, const char* close
 // The cpu node's answers, each sent from here straight to its requester: through the lane actor
 // it waited until the actor had written the frame in hand (on two cores about 0.2 ms for a 1 MiB
 // request), and with two requests in flight the next one then left that much later.
-void read_answers(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_actor lane,
-                  std::shared_ptr<PendingRequests> pending) {
+void read_answers(caf::actor_system& sys, std::shared_ptr<LaneWire> wire, lane_actor lane) {
   const auto from = caf::actor_cast<caf::strong_actor_ptr>(lane);
-  read_frames(std::move(sock), lane, "the cpu node closed its data lane", [&](lane::Frame& f) {
+  read_frames(wire->sock, lane, "the cpu node closed its data lane", [&](lane::Frame& f) {
     caf::message answer;
     if (f.kind == FrameKind::reply) {
       attn_reply r;
@@ -164,7 +206,7 @@ void read_answers(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, la
     } else {
       throw Error("data lane: unexpected frame from the cpu node");
     }
-    if (auto req = pending->take(f.ticket)) req->respond(from, std::move(answer));  // else expired meanwhile
+    if (auto req = wire->pending.take(f.ticket)) req->respond(from, std::move(answer));  // else expired meanwhile
   });
 }
 
@@ -174,42 +216,49 @@ void close_lane(lane_ptr self, const std::string& why) {
   auto& st = self->state;
   const auto err = caf::make_error(caf::sec::request_receiver_down, "data lane to " + st.node + ": " + why);
   const auto from = caf::actor_cast<caf::strong_actor_ptr>(self);
-  for (auto& req : st.pending->take_all()) req.respond(from, caf::make_message(err));
+  st.wire->closed = true;  // before take_all: a request added later is failed by its writer
+  for (auto& req : st.wire->pending.take_all()) req.respond(from, caf::make_message(err));
   self->quit(caf::make_error(caf::sec::runtime_error, "data lane to " + st.node + " closed: " + why));
 }
 
-lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<lane::Socket> sock,
-                                        std::string node, caf::timespan timeout) {
+// Makes sure a sweep is under way while requests are in flight (a timer per request would wake
+// CAF's clock thread once per request).
+void ensure_sweep(LaneWire& w, const lane_actor& lane) {
+  if (!w.sweeping.exchange(true)) caf::anon_send(lane, sweep_atom::value);
+}
+
+lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<LaneWire> wire, std::string node) {
   auto& st = self->state;
-  st.end.sock = sock;
+  st.end.sock = wire->sock;
+  st.wire = wire;
   st.node = std::move(node);
-  st.timeout = timeout;
-  st.end.reader = std::thread(read_answers, std::ref(self->system()), sock,
-                              caf::actor_cast<lane_actor>(self), st.pending);
+  st.end.reader = std::thread(read_answers, std::ref(self->system()), wire, caf::actor_cast<lane_actor>(self));
   self->delayed_send(self, kClaimTimeout, expire_atom::value);
   self->set_down_handler([self](caf::down_msg&) {
     if (--self->state.watched == 0) close_lane(self, "its shards are gone");
   });
   return {
+      // The requests a lane shard could not write itself, in the order they came.
       [self](lane_atom, int32_t shard, attn_request& req) -> caf::result<attn_reply> {
-        auto& st = self->state;
-        const uint64_t ticket = ++st.next_ticket;
-        // Registered before the frame is written: its answer may come before the write returns.
+        LaneWire& w = *self->state.wire;
+        {
+          std::unique_lock<std::mutex> lock(w.mu);
+          w.idle.wait(lock, [&] { return !w.writing; });
+          w.writing = true;
+          --w.queued;
+        }
         const auto* asked = self->current_mailbox_element();
-        st.pending->add(ticket, {asked->sender, asked->mid, std::chrono::steady_clock::now() + st.timeout});
+        const uint64_t ticket = w.add(asked->sender, asked->mid);
         try {
-          const Buffer meta = encode(self->system(), req.step, req.layer, req.seqs);
-          const Buffer* payload[lane::kPayloads] = {&req.q, &req.k, &req.v};
-          lane::write_frame(*st.end.sock, FrameKind::request, ticket, static_cast<uint32_t>(shard), meta, payload);
+          w.write(self->system(), ticket, shard, req);
         } catch (const Error& e) {
-          st.pending->take(ticket);
+          w.done_writing();
+          w.pending.take(ticket);
           close_lane(self, e.what());
           return caf::make_error(caf::sec::request_receiver_down, e.what());
         }
-        if (!st.sweeping) {
-          st.sweeping = true;
-          self->delayed_send(self, sweep_period(st.timeout), sweep_atom::value);
-        }
+        w.done_writing();
+        ensure_sweep(w, caf::actor_cast<lane_actor>(self));
         return caf::delegated<attn_reply>();  // the reader thread answers
       },
       [self](lane_closed& c) { close_lane(self, c.why); },
@@ -217,12 +266,13 @@ lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<lane::Soc
         if (!self->state.claimed) close_lane(self, "no shards registered for it");
       },
       [self](sweep_atom) {
-        auto& st = self->state;
+        LaneWire& w = *self->state.wire;
         const auto from = caf::actor_cast<caf::strong_actor_ptr>(self);
-        for (auto& req : st.pending->take_expired(std::chrono::steady_clock::now()))
+        for (auto& req : w.pending.take_expired(std::chrono::steady_clock::now()))
           req.respond(from, caf::make_message(caf::make_error(caf::sec::request_timeout)));
-        st.sweeping = !st.pending->empty();
-        if (st.sweeping) self->delayed_send(self, sweep_period(st.timeout), sweep_atom::value);
+        w.sweeping = false;
+        if (!w.pending.empty() && !w.sweeping.exchange(true))
+          self->delayed_send(self, sweep_period(w.timeout), sweep_atom::value);
       },
       [self](watch_atom, std::vector<shard_actor>& shards) {
         auto& st = self->state;
@@ -238,114 +288,196 @@ lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<lane::Soc
 
 // ---- gpu side: a lane shard per remote shard ------------------------------------------------
 
-struct LaneShardState {
-  shard_actor remote;
-  lane_actor lane;
-  int32_t index = 0;
-  static inline const char* name = "lane_shard";
-};
+// The shard_actor that stands for remote shard `index` of a lane's cpu node. Like CAF's own actor
+// proxies it has no mailbox: it handles each message in the sender's thread, so a request costs
+// no scheduling hop of its own (each hop wakes a thread, about 8 us of CPU on two cores), and
+// mostly it writes the request itself (LaneWire). Attention goes over the lane, everything else
+// to the remote shard over CAF.
+class LaneShard final : public caf::monitorable_actor {
+ public:
+  LaneShard(caf::actor_config& cfg, shard_actor remote, Lane lane, int32_t index)
+      : caf::monitorable_actor(cfg), remote_(std::move(remote)), lane_(std::move(lane.actor)),
+        wire_(std::move(lane.wire)), index_(index) {}
 
-shard_actor::behavior_type lane_shard_behavior(shard_actor::stateful_pointer<LaneShardState> self,
-                                               shard_actor remote, lane_actor lane, int32_t index) {
-  self->state.remote = remote;
-  self->state.lane = lane;
-  self->state.index = index;
-  self->link_to(remote);
-  self->monitor(lane);
-  self->set_down_handler([self](caf::down_msg& dm) {
-    self->quit(dm.reason ? dm.reason : caf::make_error(caf::sec::request_receiver_down, "data lane closed"));
-  });
-  return {
-      [self](attn_request& r) {
-        return self->delegate(self->state.lane, lane_atom::value, self->state.index, std::move(r));
-      },
-      [self](drop_atom, uint64_t seq) { self->send(self->state.remote, drop_atom::value, seq); },
-      [self](stats_atom) { return self->delegate(self->state.remote, stats_atom::value); },
-  };
-}
+  const char* name() const override { return "lane_shard"; }
+
+  void enqueue(caf::mailbox_element_ptr what, caf::execution_unit* host) override {
+    if (down_) return bounce(what, caf::make_error(caf::sec::request_receiver_down, "data lane closed"));
+    auto& content = what->content();
+    if (content.match_elements<attn_request>()) {
+      // Moved out unless someone else holds the message (then copied, as CAF would).
+      attn_request req = content.shared() ? content.get_as<attn_request>(0)
+                                          : std::move(content.get_mutable_as<attn_request>(0));
+      if (!try_write(what, req))
+        caf::actor_cast<caf::abstract_actor*>(lane_)->enqueue(
+            caf::make_mailbox_element(std::move(what->sender), what->mid, std::move(what->stages),
+                                      lane_atom::value, index_, std::move(req)),
+            host);
+    } else if (content.match_elements<caf::exit_msg>()) {
+      // From the remote shard it is linked to (or a kill): a normal exit of a link ends nothing.
+      const caf::error& reason = content.get_as<caf::exit_msg>(0).reason;
+      if (reason) quit(reason, host);
+    } else {
+      caf::actor_cast<caf::abstract_actor*>(remote_)->enqueue(std::move(what), host);  // drops, stats
+    }
+  }
+
+  // Writes the request in this thread when the lane lets it (see LaneWire); false: the lane actor
+  // must (it was counted as queued there).
+  bool try_write(caf::mailbox_element_ptr& what, attn_request& req) {
+    LaneWire& w = *wire_;
+    const size_t bytes = req.q.size() + req.k.size() + req.v.size() + 64 * (req.seqs.size() + 1);
+    {
+      std::lock_guard<std::mutex> lock(w.mu);
+      if (w.writing || w.queued > 0 || lane::send_room(*w.sock) < bytes) {
+        ++w.queued;
+        return false;
+      }
+      w.writing = true;
+    }
+    const uint64_t ticket = w.add(what->sender, what->mid);
+    std::string failed;
+    try {
+      w.write(home_system(), ticket, index_, req);
+    } catch (const Error& e) {
+      failed = e.what();
+    }
+    w.done_writing();
+    if (!failed.empty() || w.closed) {
+      // The lane is closing (its actor fails what is in flight) or has closed: this one fails here.
+      if (auto r = w.pending.take(ticket))
+        r->respond(caf::actor_cast<caf::strong_actor_ptr>(this),
+                   caf::make_message(caf::make_error(caf::sec::request_receiver_down,
+                                                     failed.empty() ? "data lane closed" : failed)));
+      if (!failed.empty()) caf::anon_send(lane_, lane_closed{failed});
+      return true;
+    }
+    ensure_sweep(w, lane_);
+    return true;
+  }
+
+  // Ends it once: requests in flight on the lane are the lane's to answer.
+  void quit(caf::error reason, caf::execution_unit* host) {
+    if (down_.exchange(true)) return;
+    cleanup(std::move(reason), host);
+  }
+
+ private:
+  shard_actor remote_;
+  lane_actor lane_;
+  std::shared_ptr<LaneWire> wire_;
+  int32_t index_;
+  std::atomic<bool> down_{false};
+};
 
 // ---- cpu side: the lane server ----------------------------------------------------------------
 
+// Writes the node's answers to the lane in the thread that answers (the shard's own): the reader
+// thread puts each request in its shard's mailbox as a request from this actor under the frame's
+// ticket, so the shard's response comes here and goes out without another hop. Like LaneShard it
+// has no mailbox of its own.
+class LaneReplier final : public caf::monitorable_actor {
+ public:
+  LaneReplier(caf::actor_config& cfg, std::shared_ptr<lane::Socket> sock)
+      : caf::monitorable_actor(cfg), sock_(std::move(sock)) {}
+
+  const char* name() const override { return "data_lane_replier"; }
+
+  void enqueue(caf::mailbox_element_ptr what, caf::execution_unit*) override {
+    if (!what->mid.is_response()) return;  // only answers are meant for it
+    const uint64_t ticket = what->mid.request_id().integer_value();
+    auto& content = what->content();
+    if (content.match_elements<attn_reply>())
+      reply(ticket, content.get_as<attn_reply>(0));
+    else if (content.match_elements<caf::error>())
+      fail(ticket, content.get_as<caf::error>(0));
+    else
+      fail(ticket, caf::make_error(caf::sec::unexpected_response, "data lane: a shard answered with a wrong type"));
+  }
+
+  void reply(uint64_t ticket, const attn_reply& r) {
+    const Buffer meta = encode(home_system(), r.step, r.layer, r.compute_us);
+    const Buffer* payload[lane::kPayloads] = {&r.o, nullptr, nullptr};
+    write(FrameKind::reply, ticket, meta, payload);
+  }
+
+  void fail(uint64_t ticket, caf::error err) {
+    const Buffer meta = encode(home_system(), err);
+    const Buffer* none[lane::kPayloads] = {nullptr, nullptr, nullptr};
+    write(FrameKind::failure, ticket, meta, none);
+  }
+
+ private:
+  // A connection that fails is shut down: the reader thread ends and tells the lane server.
+  void write(FrameKind kind, uint64_t ticket, const Buffer& meta, const Buffer* const payload[lane::kPayloads]) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    try {
+      lane::write_frame(*sock_, kind, ticket, 0, meta, payload);
+    } catch (const Error& e) {
+      std::cerr << "data lane: " << e.what() << "\n";
+      sock_->shutdown();
+    }
+  }
+
+  std::shared_ptr<lane::Socket> sock_;
+  std::mutex write_mu_;  // shards answer from their own threads
+};
+
 struct LaneServerState {
   LaneEnd end;
-  std::vector<shard_actor> shards;
-  caf::timespan timeout{};
   static inline const char* name = "data_lane_server";
 };
 
 using server_ptr = lane_server_actor::stateful_pointer<LaneServerState>;
 
-// The gpu node's requests.
-void read_requests(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_server_actor server) {
+// The gpu node's requests, each put straight into its shard's mailbox.
+void read_requests(caf::actor_system& sys, std::shared_ptr<lane::Socket> sock, lane_server_actor server,
+                   std::vector<shard_actor> shards, caf::strong_actor_ptr from) {
+  auto* replier = static_cast<LaneReplier*>(caf::actor_cast<caf::abstract_actor*>(from));
   read_frames(std::move(sock), server, "the gpu node closed the data lane", [&](lane::Frame& f) {
     if (f.kind != FrameKind::request) throw Error("data lane: unexpected frame from the gpu node");
-    lane_request r;
-    r.ticket = f.ticket;
-    r.shard = static_cast<int32_t>(f.target);
-    if (!decode(sys, f.meta, r.req.step, r.req.layer, r.req.seqs))
+    if (f.ticket == 0 || f.ticket > caf::message_id::request_id_mask)
+      throw Error("data lane: a request from the gpu node has no valid ticket");
+    attn_request r;
+    if (!decode(sys, f.meta, r.step, r.layer, r.seqs))
       throw Error("data lane: malformed request from the gpu node");
-    r.req.q = std::move(f.payload[0]);
-    r.req.k = std::move(f.payload[1]);
-    r.req.v = std::move(f.payload[2]);
-    caf::anon_send(server, std::move(r));
+    if (f.target >= shards.size())
+      return replier->fail(f.ticket, caf::make_error(caf::sec::invalid_argument, "data lane: this node has no shard " +
+                                                                                    std::to_string(f.target)));
+    r.q = std::move(f.payload[0]);
+    r.k = std::move(f.payload[1]);
+    r.v = std::move(f.payload[2]);
+    caf::actor_cast<caf::abstract_actor*>(shards[f.target])
+        ->enqueue(caf::make_mailbox_element(from, caf::make_message_id(f.ticket), {}, std::move(r)), nullptr);
   });
 }
 
-// Writes one answer; a connection that fails ends the server (the gpu node then sees it close).
-void answer(server_ptr self, uint64_t ticket, attn_reply* reply, caf::error* err) {
-  auto& st = self->state;
-  try {
-    if (reply != nullptr) {
-      const Buffer meta = encode(self->system(), reply->step, reply->layer, reply->compute_us);
-      const Buffer* payload[lane::kPayloads] = {&reply->o, nullptr, nullptr};
-      lane::write_frame(*st.end.sock, FrameKind::reply, ticket, 0, meta, payload);
-    } else {
-      write_small(*st.end.sock, FrameKind::failure, ticket, encode(self->system(), *err));
-    }
-  } catch (const Error& e) {
-    std::cerr << "data lane: " << e.what() << "\n";
-    self->quit();
-  }
-}
-
 lane_server_actor::behavior_type lane_server_behavior(server_ptr self, std::shared_ptr<lane::Socket> sock,
-                                                      std::vector<shard_actor> shards,
-                                                      caf::timespan timeout) {
+                                                      std::vector<shard_actor> shards) {
   auto& st = self->state;
   st.end.sock = sock;
-  st.shards = std::move(shards);
-  st.timeout = timeout;
+  caf::actor_config cfg;
+  auto replier = caf::make_actor<LaneReplier, caf::strong_actor_ptr>(self->system().next_actor_id(),
+                                                                     self->system().node(), &self->system(), cfg, sock);
   st.end.reader = std::thread(read_requests, std::ref(self->system()), sock,
-                          caf::actor_cast<lane_server_actor>(self));
+                              caf::actor_cast<lane_server_actor>(self), std::move(shards), std::move(replier));
   return {
-      [self](lane_request& r) {
-        auto& st = self->state;
-        const uint64_t ticket = r.ticket;
-        if (r.shard < 0 || static_cast<size_t>(r.shard) >= st.shards.size()) {
-          auto err = caf::make_error(caf::sec::invalid_argument,
-                                           "data lane: this node has no shard " + std::to_string(r.shard));
-          return answer(self, ticket, nullptr, &err);
-        }
-        self->request(st.shards[static_cast<size_t>(r.shard)], st.timeout, std::move(r.req))
-            .then([self, ticket](attn_reply& rep) { answer(self, ticket, &rep, nullptr); },
-                  [self, ticket](caf::error& e) { answer(self, ticket, nullptr, &e); });
-      },
       [self](lane_closed&) { self->quit(); },
   };
 }
 
 }  // namespace
 
-void LaneRegistry::put(uint64_t key, lane_actor lane) {
+void LaneRegistry::put(uint64_t key, Lane lane) {
   std::lock_guard<std::mutex> lock(mu_);
   lanes_[key] = std::move(lane);
 }
 
-lane_actor LaneRegistry::take(uint64_t key) {
+Lane LaneRegistry::take(uint64_t key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = lanes_.find(key);
   if (it == lanes_.end()) return {};
-  lane_actor out = std::move(it->second);
+  Lane out = std::move(it->second);
   lanes_.erase(it);
   return out;
 }
@@ -431,12 +563,15 @@ void LaneAcceptor::handshake(const std::shared_ptr<lane::Socket>& sock) {
     return;
   }
   lane::set_io_timeouts(s, ms(cfg_.timeout), 0ms);
-  auto lane = sys_.spawn<caf::detached>(lane_behavior, sock, h.node, cfg_.timeout);
+  auto wire = std::make_shared<LaneWire>();
+  wire->sock = sock;
+  wire->timeout = cfg_.timeout;
+  auto lane = sys_.spawn<caf::detached>(lane_behavior, wire, h.node);
   {
     std::lock_guard<std::mutex> lock(lanes_mu_);
     lanes_.emplace_back(lane, sock);
   }
-  registry_->put(h.key, lane);  // before the welcome: the node registers its shards only after it
+  registry_->put(h.key, Lane{lane, wire});  // before the welcome: the node registers its shards only after it
   try {
     write_small(*sock, FrameKind::welcome, 0, Buffer{});
   } catch (const Error& e) {
@@ -444,9 +579,21 @@ void LaneAcceptor::handshake(const std::shared_ptr<lane::Socket>& sock) {
   }
 }
 
-shard_actor spawn_lane_shard(caf::actor_system& sys, shard_actor remote, lane_actor lane,
+shard_actor spawn_lane_shard(caf::actor_system& sys, shard_actor remote, const Lane& lane,
                              int32_t index) {
-  return sys.spawn(lane_shard_behavior, std::move(remote), std::move(lane), index);
+  caf::actor_config cfg;
+  auto ptr = caf::make_actor<LaneShard, caf::strong_actor_ptr>(sys.next_actor_id(), sys.node(), &sys, cfg,
+                                                               remote, lane, index);
+  auto* shard = static_cast<LaneShard*>(caf::actor_cast<caf::abstract_actor*>(ptr));
+  shard->link_to(remote);
+  // Ends with the lane (the functor holds no reference, so a lane shard dropped early is freed).
+  auto weak = caf::actor_cast<caf::weak_actor_ptr>(ptr);
+  caf::actor_cast<caf::abstract_actor*>(lane.actor)->attach_functor([weak](const caf::error& reason) {
+    if (auto alive = caf::actor_cast<caf::strong_actor_ptr>(weak))
+      static_cast<LaneShard*>(caf::actor_cast<caf::abstract_actor*>(alive))
+          ->quit(reason ? reason : caf::make_error(caf::sec::request_receiver_down, "data lane closed"), nullptr);
+  });
+  return caf::actor_cast<shard_actor>(std::move(ptr));
 }
 
 lane_server_actor connect_lane(caf::actor_system& sys, const std::string& host, uint16_t port,
@@ -467,7 +614,7 @@ lane_server_actor connect_lane(caf::actor_system& sys, const std::string& host, 
   }
   if (f.kind != FrameKind::welcome) throw Error("the gpu node answered the lane hello with a wrong frame");
   lane::set_io_timeouts(*sock, ms(timeout), 0ms);
-  return sys.spawn<caf::detached>(lane_server_behavior, sock, std::move(shards), timeout);
+  return sys.spawn<caf::detached>(lane_server_behavior, sock, std::move(shards));
 }
 
 }  // namespace fd

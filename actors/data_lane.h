@@ -7,8 +7,10 @@
 //   gpu node: LaneAcceptor ── one lane_actor per cpu node ── one lane shard per remote shard
 //   cpu node: connect_lane() ── lane_server_actor ── the node's shards
 //
-// A lane actor writes the requests; its reader thread sends each answer straight to the actor
-// that asked, so answers never queue behind a request being written.
+// A request's journey: micro-batch → lane shard (no mailbox: handled in the sender's thread) →
+// lane actor (writes the frame) → socket → the cpu node's reader thread → the shard's mailbox →
+// the shard answers, and its answer is written to the socket in the shard's thread → the gpu
+// node's reader thread → the micro-batch. Every other hop would wake one more thread.
 //
 // A cpu node joins (BASP), connects to the lane port from join_reply and says hello (secret,
 // protocol version, run id and a random key); once welcomed it registers its shards naming that
@@ -29,17 +31,26 @@
 
 namespace fd {
 
+struct LaneWire;  // a lane's socket, requests in flight and writer (actors/data_lane.cc)
+
+// A data lane to one cpu node (gpu side): its actor, and what its lane shards write through.
+struct Lane {
+  lane_actor actor;
+  std::shared_ptr<LaneWire> wire;
+  explicit operator bool() const { return static_cast<bool>(actor); }
+};
+
 // Lanes that passed the handshake, by key, until their node's add_shards claims them
 // (shared by the acceptor's thread and the gatekeeper).
 class LaneRegistry {
  public:
-  void put(uint64_t key, lane_actor lane);
-  // The lane of this key, once; a null handle when there is none.
-  lane_actor take(uint64_t key);
+  void put(uint64_t key, Lane lane);
+  // The lane of this key, once; an empty Lane when there is none.
+  Lane take(uint64_t key);
 
  private:
   std::mutex mu_;
-  std::unordered_map<uint64_t, lane_actor> lanes_;
+  std::unordered_map<uint64_t, Lane> lanes_;
 };
 
 struct LaneAcceptorConfig {
@@ -86,12 +97,13 @@ class LaneAcceptor {
 
 // The shard_actor that stands for remote shard `index` of a lane's cpu node: attention goes over
 // the lane, drops and stats go to `remote` over CAF. Linked to `remote` (a kill of either ends
-// both) and ends with the lane.
-shard_actor spawn_lane_shard(caf::actor_system& sys, shard_actor remote, lane_actor lane,
+// both) and ends with the lane. It has no mailbox: messages are handled in the sender's thread.
+shard_actor spawn_lane_shard(caf::actor_system& sys, shard_actor remote, const Lane& lane,
                              int32_t index);
 
 // CPU side: connects to the gpu node's lane, says hello and waits for the answer; then serves
-// requests for `shards` (by their index). Throws fd::Error naming the gpu node's refusal.
+// requests for `shards` (by their index). `timeout` bounds each blocked write (the gpu node times
+// its requests itself). Throws fd::Error naming the gpu node's refusal.
 lane_server_actor connect_lane(caf::actor_system& sys, const std::string& host, uint16_t port,
                                const lane_hello& hello, std::vector<shard_actor> shards,
                                caf::timespan timeout);

@@ -72,7 +72,7 @@ gatekeeper_actor::behavior_type gate_behavior(self_ptr self, GatekeeperConfig cf
         }
         if (st.cfg.lanes) {
           // Attention goes over the node's data lane: each shard gets a lane shard in front.
-          lane_actor lane = req.lane_key != 0 ? st.cfg.lanes->take(req.lane_key) : lane_actor{};
+          Lane lane = req.lane_key != 0 ? st.cfg.lanes->take(req.lane_key) : Lane{};
           if (!lane) return refuse(self, "shards", "their node has no data lane open");
           std::vector<shard_actor> fronts;
           for (size_t i = 0; i < req.shards.size(); ++i) {
@@ -83,7 +83,7 @@ gatekeeper_actor::behavior_type gate_behavior(self_ptr self, GatekeeperConfig cf
             s.hdl = front;
             fronts.push_back(front);
           }
-          self->send(lane, watch_atom::value, std::move(fronts));
+          self->send(lane.actor, watch_atom::value, std::move(fronts));
         }
         return self->delegate(st.scheduler, std::move(req));
       },

@@ -271,13 +271,6 @@ struct lane_hello {
   std::string node;     // for logs
 };
 
-// Data lane reader thread -> its lane server (cpu side): a request for the node's shard `shard`.
-struct lane_request {
-  uint64_t ticket = 0;
-  int32_t shard = 0;
-  attn_request req;
-};
-
 // Data lane reader thread -> its actor: the connection ended.
 struct lane_closed {
   std::string why;
@@ -430,10 +423,6 @@ typename Inspector::result_type inspect(Inspector& f, join_reply& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lane_hello& x) {
   return f(caf::meta::type_name("lane_hello"), x.token, x.version, x.run_id, x.key, x.node);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, lane_request& x) {
-  return f(caf::meta::type_name("lane_request"), x.ticket, x.shard, x.req);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lane_closed& x) {

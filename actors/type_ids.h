@@ -42,10 +42,8 @@ using lane_actor = caf::typed_actor<
     caf::reacts_to<sweep_atom>,                             // fail the requests past their deadline
     caf::reacts_to<watch_atom, std::vector<shard_actor>>>;  // close once these shards are gone
 
-// Data lane, cpu side: hands the requests its reader thread gets to the local shards and writes
-// their answers back.
+// Data lane, cpu side: owns the connection whose reader thread hands requests to the local shards.
 using lane_server_actor = caf::typed_actor<
-    caf::reacts_to<lane_request>,  // its reader thread: a request for shard i
     caf::reacts_to<lane_closed>>;  // its reader thread: the gpu node is gone
 
 // A shard as the scheduler knows it.
@@ -237,7 +235,6 @@ CAF_ADD_TYPE_ID(fastdecode, (fd::stage_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::tp_rank_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::trace_packed))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_hello))
-CAF_ADD_TYPE_ID(fastdecode, (fd::lane_request))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_closed))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_actor))
 CAF_ADD_TYPE_ID(fastdecode, (fd::lane_server_actor))

@@ -4,7 +4,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -225,6 +227,14 @@ void write_frame(const Socket& s, FrameKind kind, uint64_t ticket, uint32_t targ
       at->iov_len -= done;
     }
   }
+}
+
+size_t send_room(const Socket& s) {
+  int sndbuf = 0, queued = 0;
+  socklen_t len = sizeof sndbuf;
+  if (::getsockopt(s.fd(), SOL_SOCKET, SO_SNDBUF, &sndbuf, &len) != 0 || ::ioctl(s.fd(), SIOCOUTQ, &queued) != 0)
+    return 0;
+  return sndbuf > queued ? static_cast<size_t>(sndbuf - queued) / 2 : 0;
 }
 
 bool read_frame(const Socket& s, Frame& out, size_t max_meta, uint64_t max_payload) {

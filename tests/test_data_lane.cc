@@ -221,7 +221,7 @@ TEST_CASE("attention through a lane shard equals the shard's own answer, and the
   auto lane = fx.acceptor->registry()->take(5);
   REQUIRE(lane);
   auto front = fd::spawn_lane_shard(*fx.sys, far, lane, 0);
-  self->send(lane, fd::watch_atom::value, std::vector<fd::shard_actor>{front});
+  self->send(lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{front});
 
   for (int rows : {3, 1}) {  // a prefill, then one decode step
     auto r = random_request(rows, static_cast<uint32_t>(rows));
@@ -261,7 +261,7 @@ TEST_CASE("requests through one lane from several threads each get their own ans
   REQUIRE(lane);
   std::vector<fd::shard_actor> fronts{fd::spawn_lane_shard(*fx.sys, far0, lane, 0),
                                       fd::spawn_lane_shard(*fx.sys, far1, lane, 1)};
-  caf::anon_send(lane, fd::watch_atom::value, fronts);
+  caf::anon_send(lane.actor, fd::watch_atom::value, fronts);
   // Each thread drives its own sequence on its own shard pair: prefill, then decode steps, so
   // every answer depends on the KV-cache its own earlier requests built.
   std::vector<int> mismatches(2, 0);
@@ -301,7 +301,7 @@ TEST_CASE("a lane request without an answer times out, one for a shard the node 
   REQUIRE(lane);
   auto front = fd::spawn_lane_shard(*fx.sys, mute, lane, 0);
   auto stray = fd::spawn_lane_shard(*fx.sys, mute, lane, 3);  // the node has no shard 3
-  caf::anon_send(lane, fd::watch_atom::value, std::vector<fd::shard_actor>{front, stray});
+  caf::anon_send(lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{front, stray});
   const auto error_of = [&](const fd::shard_actor& to) {
     std::string err;
     self->request(to, std::chrono::seconds(10), random_request(1, 1))

@@ -56,6 +56,7 @@ struct Options {
   int small_kb = 4;
   int small_reps = 2000;
   int window = 2;  // transfers in flight for the throughput figures
+  bool lane = true, basp = true, tcp = true;  // the paths measured (--paths)
   // CAF settings to try against the project's (configure_caf / configure_network); -1 keeps them.
   int mm_workers = -1;     // middleman.workers: BASP deserialization threads
   int poll_attempts = -1;  // work-stealing.aggressive-poll-attempts
@@ -73,6 +74,9 @@ bool parse_options(int argc, char** argv, Options& o) {
       ("reps", po::value<int>(&o.reps)->default_value(0), "transfers per size and path (0: auto)")
       ("small-kb", po::value<int>(&o.small_kb)->default_value(4), "small payload in KiB")
       ("small-reps", po::value<int>(&o.small_reps)->default_value(2000), "small round trips per path")
+      ("paths", po::value<std::string>()->default_value("actor,basp,tcp"),
+       "the paths measured, of actor, basp and tcp (one alone, e.g. to profile it; a path left out "
+       "shows 0)")
       ("window", po::value<int>(&o.window)->default_value(2),
        "transfers in flight for the throughput figures (2: the pipeline's two mini-batches)")
       ("mm-workers", po::value<int>(&o.mm_workers)->default_value(-1),
@@ -104,6 +108,15 @@ bool parse_options(int argc, char** argv, Options& o) {
     return false;
   }
   o.sizes_mb = parse_sizes(vm["sizes"].as<std::string>());
+  o.lane = o.basp = o.tcp = false;
+  std::stringstream paths(vm["paths"].as<std::string>());
+  for (std::string p; std::getline(paths, p, ',');) {
+    if (p == "actor") o.lane = true;
+    else if (p == "basp") o.basp = true;
+    else if (p == "tcp") o.tcp = true;
+    else throw Error("--paths: unknown path '" + p + "' (known: actor, basp, tcp)");
+  }
+  if (!o.lane && !o.basp && !o.tcp) throw Error("--paths names no path (known: actor, basp, tcp)");
   if (o.reps < 0 || o.small_kb < 1 || o.small_reps < 1 || o.window < 1)
     throw Error("--reps must not be negative, --small-kb, --small-reps and --window must be positive.");
   return true;
@@ -313,14 +326,14 @@ class Paths {
     const std::string line = std::to_string(acceptor_.port()) + " " + std::to_string(key) + "\n";
     if (::write(server.to_child, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
       throw Error("cannot tell the transport server the lane port");
-    lane_actor lane;
+    Lane lane;
     for (int i = 0; i < 1000 && !lane; ++i) {
       lane = acceptor_.registry()->take(key);
       if (!lane) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     if (!lane) throw Error("the transport server did not open its data lane");
     front_ = spawn_lane_shard(sys, *sink, lane, 0);
-    caf::anon_send(lane, watch_atom::value, std::vector<shard_actor>{front_});
+    caf::anon_send(lane.actor, watch_atom::value, std::vector<shard_actor>{front_});
     // Sent untyped so that one prebuilt message carries the payload every time (as the
     // micro-batch's request would): the far side still checks it against shard_actor.
     lane_ = caf::actor_cast<caf::actor>(front_);
@@ -419,6 +432,9 @@ caf::message request_of(const std::vector<char>& payload, int32_t mode) {
   return caf::make_message(std::move(r));
 }
 
+// a / b, or 0 where a path was left out.
+double per(double a, double b) { return a > 0 && b > 0 ? a / b : 0; }
+
 struct Timings {
   std::vector<double> lane, basp, tcp;
 };
@@ -426,17 +442,15 @@ struct Timings {
 // Alternates the paths rep by rep, so that all see the same machine load. Each actor transfer
 // gets a message of its own, built before its timing starts, as a micro-batch builds each
 // request from the S-part's output.
-Timings measure(Paths& paths, const std::vector<char>& payload, int32_t mode, int reps) {
+Timings measure(Paths& paths, const Options& o, const std::vector<char>& payload, int32_t mode, int reps) {
   const size_t expect = mode == kEcho ? payload.size() : 0;
   std::vector<char> back;
-  paths.actor_once(true, request_of(payload, mode), expect);  // warm-up: connections, buffers
-  paths.actor_once(false, request_of(payload, mode), expect);
-  paths.tcp_once(payload, mode, back);
   Timings t;
-  for (int i = 0; i < reps; ++i) {
-    t.lane.push_back(paths.actor_once(true, request_of(payload, mode), expect));
-    t.basp.push_back(paths.actor_once(false, request_of(payload, mode), expect));
-    t.tcp.push_back(paths.tcp_once(payload, mode, back));
+  for (int i = -1; i < reps; ++i) {  // i = -1: warm-up (connections, buffers), not kept
+    if (o.lane) t.lane.push_back(paths.actor_once(true, request_of(payload, mode), expect));
+    if (o.basp) t.basp.push_back(paths.actor_once(false, request_of(payload, mode), expect));
+    if (o.tcp) t.tcp.push_back(paths.tcp_once(payload, mode, back));
+    if (i < 0) t = Timings{};
   }
   return t;
 }
@@ -466,15 +480,15 @@ class CpuClock {
 // Median over three rounds of the throughput of each path with `window` transfers in flight. Each
 // transfer sends a buffer of its own, as each layer's request does, built before the round's
 // timing starts: the actor paths' messages, and as many copies of the payload for TCP.
-Throughput measure_stream(Paths& paths, const CpuClock& cpu, const std::vector<char>& payload, int reps,
-                          int window) {
+Throughput measure_stream(Paths& paths, const Options& o, const CpuClock& cpu, const std::vector<char>& payload,
+                          int reps) {
   const double mib = static_cast<double>(payload.size()) / kMiB * reps;
   const auto messages = [&] {
     std::vector<caf::message> m;
     for (int i = 0; i < reps; ++i) m.push_back(request_of(payload, kAck));
     return m;
   };
-  const size_t w = static_cast<size_t>(window);
+  const size_t w = static_cast<size_t>(o.window);
   std::vector<double> lane, basp, tcp;
   double cpu_s[3] = {};  // lane, BASP, TCP over all rounds
   const auto timed = [&](int path, const auto& run) {
@@ -485,12 +499,18 @@ Throughput measure_stream(Paths& paths, const CpuClock& cpu, const std::vector<c
   };
   constexpr int kRounds = 3;
   for (int round = 0; round < kRounds; ++round) {
-    auto m = messages();
-    lane.push_back(timed(0, [&] { return paths.actor_stream(true, m, w); }));
-    m = messages();
-    basp.push_back(timed(1, [&] { return paths.actor_stream(false, m, w); }));
-    const std::vector<std::vector<char>> copies(static_cast<size_t>(reps), payload);
-    tcp.push_back(timed(2, [&] { return paths.tcp_stream(copies, w); }));
+    if (o.lane) {
+      auto m = messages();
+      lane.push_back(timed(0, [&] { return paths.actor_stream(true, m, w); }));
+    }
+    if (o.basp) {
+      auto m = messages();
+      basp.push_back(timed(1, [&] { return paths.actor_stream(false, m, w); }));
+    }
+    if (o.tcp) {
+      const std::vector<std::vector<char>> copies(static_cast<size_t>(reps), payload);
+      tcp.push_back(timed(2, [&] { return paths.tcp_stream(copies, w); }));
+    }
   }
   const double per = 1e6 / (kRounds * reps);
   return {median(lane), median(basp), median(tcp), cpu_s[0] * per, cpu_s[1] * per, cpu_s[2] * per};
@@ -518,10 +538,10 @@ int run(const Options& o) {
         const int reps = o.reps > 0 ? o.reps : std::max(5, std::min(100, 512 / mb));
         std::vector<char> payload(size_t(mb) * kMiB);
         for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131);
-        const Timings one = measure(paths, payload, kAck, reps);
-        const Timings echo = measure(paths, payload, kEcho, std::max(3, reps / 2));
-        const Throughput tp = measure_stream(paths, cpu, payload, reps, o.window);
-        const double lane = mb / median(one.lane), basp = mb / median(one.basp), tcp = mb / median(one.tcp);
+        const Timings one = measure(paths, o, payload, kAck, reps);
+        const Timings echo = measure(paths, o, payload, kEcho, std::max(3, reps / 2));
+        const Throughput tp = measure_stream(paths, o, cpu, payload, reps);
+        const double lane = per(mb, median(one.lane)), basp = per(mb, median(one.basp)), tcp = per(mb, median(one.tcp));
         const double lane_echo_ms = median(echo.lane) * 1e3, basp_echo_ms = median(echo.basp) * 1e3,
                      tcp_echo_ms = median(echo.tcp) * 1e3;
         if (o.json) {
@@ -533,28 +553,28 @@ int run(const Options& o) {
               .add("actor_mib_s", tp.lane)
               .add("basp_mib_s", tp.basp)
               .add("tcp_mib_s", tp.tcp)
-              .add("ratio", tp.lane / tp.tcp)
-              .add("basp_ratio", tp.basp / tp.tcp)
+              .add("ratio", per(tp.lane, tp.tcp))
+              .add("basp_ratio", per(tp.basp, tp.tcp))
               .add("actor_cpu_us", tp.lane_cpu)
               .add("basp_cpu_us", tp.basp_cpu)
               .add("tcp_cpu_us", tp.tcp_cpu)
               .add("one_actor_mib_s", lane)
               .add("one_basp_mib_s", basp)
               .add("one_tcp_mib_s", tcp)
-              .add("one_ratio", lane / tcp)
+              .add("one_ratio", per(lane, tcp))
               .add("actor_echo_ms", lane_echo_ms)
               .add("basp_echo_ms", basp_echo_ms)
               .add("tcp_echo_ms", tcp_echo_ms);
           std::cout << j.str() << std::endl;
         } else {
           std::printf("%6d %5d %11.1f %10.1f %10.1f %6.2f %6.2f %8.1f %8.1f %7.2f %8.2f %8.2f %8.2f %6.0f %6.0f %6.0f\n",
-                      mb, reps, tp.lane, tp.basp, tp.tcp, tp.lane / tp.tcp, tp.basp / tp.tcp, lane, tcp,
-                      lane / tcp, lane_echo_ms, basp_echo_ms, tcp_echo_ms, tp.lane_cpu, tp.basp_cpu, tp.tcp_cpu);
+                      mb, reps, tp.lane, tp.basp, tp.tcp, per(tp.lane, tp.tcp), per(tp.basp, tp.tcp), lane, tcp,
+                      per(lane, tcp), lane_echo_ms, basp_echo_ms, tcp_echo_ms, tp.lane_cpu, tp.basp_cpu, tp.tcp_cpu);
           std::fflush(stdout);
         }
       }
       std::vector<char> small(size_t(o.small_kb) * 1024, 'x');
-      const Timings t = measure(paths, small, kAck, o.small_reps);
+      const Timings t = measure(paths, o, small, kAck, o.small_reps);
       const double lane_us = median(t.lane) * 1e6, basp_us = median(t.basp) * 1e6, tcp_us = median(t.tcp) * 1e6;
       if (o.json) {
         JsonLine j;
