@@ -321,3 +321,70 @@ TEST_CASE("a lane request without an answer times out, one for a shard the node 
   caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(mute, caf::exit_reason::user_shutdown);
 }
+
+// A shard that answers every request with its own Q as O, and counts the drops it gets.
+struct EchoState {
+  uint64_t drops = 0;
+};
+fd::shard_actor::behavior_type echo_shard(fd::shard_actor::stateful_pointer<EchoState> self) {
+  return {
+      [](fd::attn_request& r) {
+        fd::attn_reply out;
+        out.step = r.step;
+        out.layer = r.layer;
+        out.o = std::move(r.q);
+        return out;
+      },
+      [self](fd::drop_atom, uint64_t) { ++self->state.drops; },
+      [self](fd::stats_atom) {
+        fd::shard_stats s;
+        s.name = "echo";
+        s.sequences = self->state.drops;
+        return s;
+      },
+  };
+}
+
+TEST_CASE("requests larger than the socket buffer, many in flight, each get their own payload back", "[lane]") {
+  // A frame that does not fit the socket's free send buffer is written by the lane actor, and so
+  // is every request sent while one waits there (they keep their order); one sent alone afterwards
+  // is written in the requester's thread. Every answer must carry its own request's payload.
+  LaneFixture fx;
+  caf::scoped_actor self{*fx.sys};
+  auto echo = fx.sys->spawn(echo_shard);
+  auto server = fx.connect({"s3cret", fd::kProtocolVersion, kRun, 9, "cpu"}, {echo});
+  auto lane = fx.acceptor->registry()->take(9);
+  REQUIRE(lane);
+  auto front = fd::spawn_lane_shard(*fx.sys, echo, lane, 0);
+  self->send(lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{front});
+  const std::vector<size_t> sizes{size_t(8) << 20, 4096, size_t(6) << 20, 64, 4096, size_t(3) << 20};
+  using Handle = decltype(self->request(front, std::chrono::seconds(10), fd::attn_request{}));
+  std::vector<Handle> inflight;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    fd::attn_request r;
+    r.step = i;
+    r.q = pattern(sizes[i], static_cast<int>(i));
+    inflight.push_back(self->request(front, std::chrono::seconds(10), std::move(r)));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    INFO("request " << i << " of " << sizes[i] << " bytes");
+    bool same = false;
+    inflight[i].receive([&](fd::attn_reply& r) { same = r.step == i && r.o == pattern(sizes[i], static_cast<int>(i)); },
+                        [&](caf::error& e) { FAIL("lane request failed: " << fx.sys->render(e)); });
+    CHECK(same);
+  }
+  fd::attn_request alone;
+  alone.step = 99;
+  alone.q = pattern(4096, 99);
+  CHECK(ask(self, front, alone).o == pattern(4096, 99));
+  // Drops and stats pass the lane shard on to the remote shard itself.
+  self->send(front, fd::drop_atom::value, uint64_t{1});
+  self->send(front, fd::drop_atom::value, uint64_t{2});
+  uint64_t drops = 0;
+  self->request(front, std::chrono::seconds(10), fd::stats_atom::value)
+      .receive([&](fd::shard_stats& s) { drops = s.name == "echo" ? s.sequences : 0; },
+               [&](caf::error& e) { FAIL("stats through the lane shard failed: " << fx.sys->render(e)); });
+  CHECK(drops == 2);
+  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+}
