@@ -64,15 +64,19 @@ HWY_INLINE void StoreNormalized(D d, const float* HWY_RESTRICT acc, float l, siz
 // The cache level PacedPrefetch fills.
 enum class FetchTo { kL1, kL2 };
 
-// Fetches bytes [begin, end) after base into the cache in `slices` slices, one per call of
-// Next(), so that the requests do not arrive in one burst; a null base fetches nothing.
+// Fetches bytes [begin, end) after base into the cache over `slices` calls of Next(), the same
+// number of lines per call (the last calls may fetch none), so that the requests do not arrive in
+// one burst; a null base fetches nothing.
 class PacedPrefetch {
  public:
   PacedPrefetch(const uint8_t* base, size_t begin, size_t end, size_t slices, FetchTo to = FetchTo::kL1)
-      : base_(base), at_(begin / 64 * 64), begin_(begin), end_(end), slices_(slices), to_(to) {}
+      : base_(base), at_(begin / 64 * 64), end_(end), to_(to) {
+    const size_t lines = end > at_ ? (end - at_ + 63) / 64 : 0;
+    per_ = slices > 0 ? std::max<size_t>(1, (lines + slices - 1) / slices) : lines;
+  }
   HWY_INLINE void Next() {
     if (base_ == nullptr) return;
-    const size_t to = std::min(end_, begin_ + (end_ - begin_) * ++done_ / slices_);
+    const size_t to = std::min(end_, at_ + per_ * 64);
     if (to_ == FetchTo::kL1) {
       for (; at_ < to; at_ += 64) __builtin_prefetch(base_ + at_, 0, 3);
     } else {
@@ -82,7 +86,7 @@ class PacedPrefetch {
 
  private:
   const uint8_t* base_;
-  size_t at_, begin_, end_, slices_, done_ = 0;
+  size_t at_, end_, per_ = 0;
   FetchTo to_;
 };
 
@@ -109,10 +113,14 @@ HWY_INLINE size_t CountPasses(size_t n, size_t step) {
 // acc[j][c, c + CB * L) += sum over the n rows of w[j][t] * v_t[c, c + CB * L), where
 // rows.Load(d, t, c) gives elements [c, c + Lanes(d)) of value row t as fp32: CB chunks per pass
 // so that each weight broadcast feeds CB independent FMA chains.
-// w: [NQ][>= n] softmax weights; acc: [NQ][>= c + CB * L].
-template <int NQ, int CB, class Rows, class D, class WRow, class AccRow>
+// w: [NQ][>= n] softmax weights; acc: [NQ][>= c + CB * L]. fetch.Next() is called before every
+// kFetchRows rows: the next rows' prefetch then trickles out instead of leaving in one burst per
+// pass (see AttendBlock).
+constexpr int kFetchRows = 4;
+
+template <int NQ, int CB, class Rows, class D, class WRow, class AccRow, class Fetch>
 HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const WRow* w, size_t c,
-                               AccRow* acc) {
+                               AccRow* acc, Fetch& fetch) {
   using V = hn::Vec<D>;
   const size_t L = hn::Lanes(d);
   V a[CB][NQ];
@@ -121,6 +129,7 @@ HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const 
 #pragma GCC unroll 8
     for (int b = 0; b < CB; ++b) a[b][j] = hn::Load(d, acc[j] + c + b * L);
   for (int t = 0; t < n; ++t) {
+    if (t % kFetchRows == 0) fetch.Next();
     V v[CB];
 #pragma GCC unroll 8
     for (int b = 0; b < CB; ++b) v[b] = rows.Load(d, row0 + static_cast<size_t>(t), c + b * L);
