@@ -441,10 +441,12 @@ HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const ValueWeights& vw, int quad) {
 }
 
 // acc[j][c0, c0 + CU * L) += factor_j * (sum over the tile's quads of weights . values): q8
-// value quads [n_quads][hd][4] int8, weights vw[j][0] per query.
-template <int NQ, int CU, class DF>
+// value quads [n_quads][hd][4] int8, weights vw[j][0] per query. fetch.Next() before every quad,
+// so the next rows' prefetch trickles out (as in the fp16 kernel).
+template <int NQ, int CU, class DF, class Fetch>
 HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* quads, size_t hd, int n_quads,
-                                  const ValueWeights (*vw)[kMaxGroups], size_t c0, float (*acc)[kMaxHeadDim]) {
+                                  const ValueWeights (*vw)[kMaxGroups], size_t c0, float (*acc)[kMaxHeadDim],
+                                  Fetch& fetch) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<int8_t, decltype(d32)> d8;
   using VI = hn::Vec<decltype(d32)>;
@@ -455,6 +457,7 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* quads, size_t hd, int n_q
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) a[u][j] = hn::Zero(d32);
   for (int k = 0; k < n_quads; ++k) {
+    fetch.Next();
     const int8_t* quad = quads + static_cast<size_t>(k) * hd * 4;
     VI v[CU];
 #pragma GCC unroll 8
@@ -480,9 +483,10 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* quads, size_t hd, int n_q
 // The same for q4 value quads [n_quads][groups][16][4] bytes (nibbles taken as nibble - 8), one
 // ValueWeights per query and group. A unit is 4L bytes of one group: its low nibbles are
 // elements [32g + j0, + L), its high nibbles [32g + 16 + j0, + L).
-template <int NQ, int CU, class DF>
+template <int NQ, int CU, class DF, class Fetch>
 HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, int n_quads,
-                                  const ValueWeights (*vw)[kMaxGroups], size_t u0, float (*acc)[kMaxHeadDim]) {
+                                  const ValueWeights (*vw)[kMaxGroups], size_t u0, float (*acc)[kMaxHeadDim],
+                                  Fetch& fetch) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<uint8_t, decltype(d32)> d8;
   const hn::Repartition<uint16_t, decltype(d32)> du16;
@@ -505,6 +509,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
   const hn::RebindToSigned<decltype(d8)> di8;
   const auto eight = hn::Set(di8, 8);
   for (int k = 0; k < n_quads; ++k) {
+    fetch.Next();
     const uint8_t* quad = quads + static_cast<size_t>(k) * groups * 64;
     VI lo[CU], hi[CU];
 #pragma GCC unroll 8
@@ -646,18 +651,16 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       constexpr int CQ = NQ == 1 ? 8 : NQ == 2 ? 4 : NQ <= 4 ? 2 : 1;  // units per pass
       const size_t units = hd / (2 * L);
       const uint8_t* quads = vd + tb / 4 * groups * 64;
-      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(units, 1));
+      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(n_quads));
       ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
-        next_values.Next();
-        AccumulateQuadsQ4<NQ, decltype(width)::value>(df, quads, groups, n_quads, st.vw, u, st.acc);
+        AccumulateQuadsQ4<NQ, decltype(width)::value>(df, quads, groups, n_quads, st.vw, u, st.acc, next_values);
       });
     } else {
       constexpr int CQ = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;  // chunks per pass
       const auto* quads = reinterpret_cast<const int8_t*>(vd) + tb / 4 * hd * 4;
-      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(hd, L));
+      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads));
       ForEachPass<CQ, 2>(hd, L, [&](size_t c, auto width) {
-        next_values.Next();
-        AccumulateQuadsQ8<NQ, decltype(width)::value>(df, quads, hd, n_quads, st.vw, c, st.acc);
+        AccumulateQuadsQ8<NQ, decltype(width)::value>(df, quads, hd, n_quads, st.vw, c, st.acc, next_values);
       });
     }
   }
