@@ -85,6 +85,21 @@ struct LaneFixture {
     return fd::connect_lane(*sys, "127.0.0.1", acceptor->port(), h, std::move(shards),
                             std::chrono::seconds(10));
   }
+  // A cpu node's lane under `key` serving `far` as its shard 0, and the lane shard in front of it.
+  struct Opened {
+    fd::lane_server_actor server;
+    fd::Lane lane;
+    fd::shard_actor front;
+  };
+  Opened open(uint64_t key, const fd::shard_actor& far) {
+    Opened o;
+    o.server = connect({"s3cret", fd::kProtocolVersion, kRun, key, "cpu"}, {far});
+    o.lane = acceptor->registry()->take(key);
+    REQUIRE(o.lane);
+    o.front = fd::spawn_lane_shard(*sys, far, o.lane, 0);
+    caf::anon_send(o.lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{o.front});
+    return o;
+  }
 };
 
 }  // namespace
@@ -217,11 +232,7 @@ TEST_CASE("attention through a lane shard equals the shard's own answer, and the
   caf::scoped_actor self{*fx.sys};
   auto far = fd::spawn_shard(*fx.sys, shard_config("far"));      // behind the lane
   auto direct = fd::spawn_shard(*fx.sys, shard_config("near"));  // asked directly
-  auto server = fx.connect({"s3cret", fd::kProtocolVersion, kRun, 5, "cpu"}, {far});
-  auto lane = fx.acceptor->registry()->take(5);
-  REQUIRE(lane);
-  auto front = fd::spawn_lane_shard(*fx.sys, far, lane, 0);
-  self->send(lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{front});
+  auto [server, lane, front] = fx.open(5, far);
 
   for (int rows : {3, 1}) {  // a prefill, then one decode step
     auto r = random_request(rows, static_cast<uint32_t>(rows));
@@ -296,12 +307,9 @@ TEST_CASE("a lane request without an answer times out, one for a shard the node 
   LaneFixture fx(std::chrono::milliseconds(300));
   caf::scoped_actor self{*fx.sys};
   auto mute = fx.sys->spawn(mute_shard);
-  auto server = fx.connect({"s3cret", fd::kProtocolVersion, kRun, 8, "cpu"}, {mute});
-  auto lane = fx.acceptor->registry()->take(8);
-  REQUIRE(lane);
-  auto front = fd::spawn_lane_shard(*fx.sys, mute, lane, 0);
+  auto [server, lane, front] = fx.open(8, mute);
   auto stray = fd::spawn_lane_shard(*fx.sys, mute, lane, 3);  // the node has no shard 3
-  caf::anon_send(lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{front, stray});
+  caf::anon_send(lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{stray});
   const auto error_of = [&](const fd::shard_actor& to) {
     std::string err;
     self->request(to, std::chrono::seconds(10), random_request(1, 1))
@@ -352,11 +360,7 @@ TEST_CASE("requests larger than the socket buffer, many in flight, each get thei
   LaneFixture fx;
   caf::scoped_actor self{*fx.sys};
   auto echo = fx.sys->spawn(echo_shard);
-  auto server = fx.connect({"s3cret", fd::kProtocolVersion, kRun, 9, "cpu"}, {echo});
-  auto lane = fx.acceptor->registry()->take(9);
-  REQUIRE(lane);
-  auto front = fd::spawn_lane_shard(*fx.sys, echo, lane, 0);
-  self->send(lane.actor, fd::watch_atom::value, std::vector<fd::shard_actor>{front});
+  auto [server, lane, front] = fx.open(9, echo);
   const std::vector<size_t> sizes{size_t(8) << 20, 4096, size_t(6) << 20, 64, 4096, size_t(3) << 20};
   using Handle = decltype(self->request(front, std::chrono::seconds(10), fd::attn_request{}));
   std::vector<Handle> inflight;
