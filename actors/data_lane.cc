@@ -296,20 +296,21 @@ lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<LaneWire>
 class LaneShard final : public caf::monitorable_actor {
  public:
   LaneShard(caf::actor_config& cfg, shard_actor remote, Lane lane, int32_t index)
-      : caf::monitorable_actor(cfg), remote_(std::move(remote)), lane_(std::move(lane.actor)),
-        wire_(std::move(lane.wire)), index_(index) {}
+      : caf::monitorable_actor(cfg), links_{std::move(remote), std::move(lane.actor), std::move(lane.wire)},
+        index_(index) {}
 
   const char* name() const override { return "lane_shard"; }
 
   void enqueue(caf::mailbox_element_ptr what, caf::execution_unit* host) override {
-    if (down_) return bounce(what, caf::make_error(caf::sec::request_receiver_down, "data lane closed"));
+    const Links l = links();
+    if (!l.lane) return bounce(what, caf::make_error(caf::sec::request_receiver_down, "data lane closed"));
     auto& content = what->content();
     if (content.match_elements<attn_request>()) {
       // Moved out unless someone else holds the message (then copied, as CAF would).
       attn_request req = content.shared() ? content.get_as<attn_request>(0)
                                           : std::move(content.get_mutable_as<attn_request>(0));
-      if (!try_write(what, req))
-        caf::actor_cast<caf::abstract_actor*>(lane_)->enqueue(
+      if (!try_write(l, what, req))
+        caf::actor_cast<caf::abstract_actor*>(l.lane)->enqueue(
             caf::make_mailbox_element(std::move(what->sender), what->mid, std::move(what->stages),
                                       lane_atom::value, index_, std::move(req)),
             host);
@@ -318,14 +319,41 @@ class LaneShard final : public caf::monitorable_actor {
       const caf::error& reason = content.get_as<caf::exit_msg>(0).reason;
       if (reason) quit(reason, host);
     } else {
-      caf::actor_cast<caf::abstract_actor*>(remote_)->enqueue(std::move(what), host);  // drops, stats
+      caf::actor_cast<caf::abstract_actor*>(l.remote)->enqueue(std::move(what), host);  // drops, stats
     }
+  }
+
+  // Ends it once: requests in flight on the lane are the lane's to answer. What it holds goes
+  // now, as a stateful actor's state would: a lane shard someone still refers to must not keep
+  // the lane actor (detached: CAF 0.17 awaits its destruction when the system shuts down), the
+  // remote shard's proxy or the socket.
+  void quit(caf::error reason, caf::execution_unit* host) {
+    Links gone;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!links_.lane) return;
+      gone = std::move(links_);
+      links_ = Links{};
+    }
+    cleanup(std::move(reason), host);
+  }
+
+ private:
+  struct Links {
+    shard_actor remote;
+    lane_actor lane;  // null once it went down
+    std::shared_ptr<LaneWire> wire;
+  };
+
+  Links links() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return links_;
   }
 
   // Writes the request in this thread when the lane lets it (see LaneWire); false: the lane actor
   // must (it was counted as queued there).
-  bool try_write(caf::mailbox_element_ptr& what, attn_request& req) {
-    LaneWire& w = *wire_;
+  bool try_write(const Links& l, caf::mailbox_element_ptr& what, attn_request& req) {
+    LaneWire& w = *l.wire;
     const size_t bytes = req.q.size() + req.k.size() + req.v.size() + 64 * (req.seqs.size() + 1);
     {
       std::lock_guard<std::mutex> lock(w.mu);
@@ -349,25 +377,16 @@ class LaneShard final : public caf::monitorable_actor {
         r->respond(caf::actor_cast<caf::strong_actor_ptr>(this),
                    caf::make_message(caf::make_error(caf::sec::request_receiver_down,
                                                      failed.empty() ? "data lane closed" : failed)));
-      if (!failed.empty()) caf::anon_send(lane_, lane_closed{failed});
+      if (!failed.empty()) caf::anon_send(l.lane, lane_closed{failed});
       return true;
     }
-    ensure_sweep(w, lane_);
+    ensure_sweep(w, l.lane);
     return true;
   }
 
-  // Ends it once: requests in flight on the lane are the lane's to answer.
-  void quit(caf::error reason, caf::execution_unit* host) {
-    if (down_.exchange(true)) return;
-    cleanup(std::move(reason), host);
-  }
-
- private:
-  shard_actor remote_;
-  lane_actor lane_;
-  std::shared_ptr<LaneWire> wire_;
+  std::mutex mu_;
+  Links links_;  // guarded by mu_
   int32_t index_;
-  std::atomic<bool> down_{false};
 };
 
 // ---- cpu side: the lane server ----------------------------------------------------------------
