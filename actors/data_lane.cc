@@ -58,14 +58,14 @@ struct LaneEnd {
 
 // ---- gpu side: one lane actor per cpu node ------------------------------------------------
 
-// The requests in flight on one lane, by ticket. The lane actor adds them and fails those past
-// their deadline or all of them when the lane closes; its reader thread answers them. Each is
-// taken out once, so it is answered once.
+// The requests in flight on one lane, by ticket. Whoever writes a request's frame (a lane shard or
+// the lane actor) adds it; the reader thread answers it; the lane actor fails those past their
+// deadline, or all of them when the lane closes. Each is taken out once, so it is answered once.
 class PendingRequests {
  public:
   using Clock = std::chrono::steady_clock;
   struct Request {
-    caf::strong_actor_ptr to;  // the requester (a lane shard delegates, so not the lane shard)
+    caf::strong_actor_ptr to;  // the requester (a lane shard passes its sender on)
     caf::message_id mid;       // of the request
     Clock::time_point deadline;
     // Sends the answer (a reply or an error) as the response to the request.
@@ -135,24 +135,33 @@ struct LaneWire {
   bool writing = false;  // guarded by mu
   size_t queued = 0;     // requests handed to the lane actor, not yet written; guarded by mu
 
-  // Registers a request before its frame is written (its answer may come before the write returns).
-  uint64_t add(caf::strong_actor_ptr to, caf::message_id mid) {
+  // Registers the request of `to` (message `mid`) for the node's shard `shard` and writes its
+  // frame; the caller holds the writer (writing), which this hands back. Registered first: the
+  // answer may come before the write returns. When the connection fails, or the lane closed
+  // meanwhile, the request is failed here (as from `from`) if nobody answered it yet. Returns why
+  // the connection failed, or "".
+  std::string send(caf::actor_system& sys, const caf::strong_actor_ptr& from, caf::strong_actor_ptr to,
+                   caf::message_id mid, int32_t shard, attn_request& req) {
     const uint64_t ticket = ++next_ticket;
     pending.add(ticket, {std::move(to), mid, std::chrono::steady_clock::now() + timeout});
-    return ticket;
-  }
-  // Writes request `ticket` for the node's shard `shard`; throws fd::Error when the connection fails.
-  void write(caf::actor_system& sys, uint64_t ticket, int32_t shard, attn_request& req) {
-    const Buffer meta = encode(sys, req.step, req.layer, req.seqs);
-    const Buffer* payload[lane::kPayloads] = {&req.q, &req.k, &req.v};
-    lane::write_frame(*sock, FrameKind::request, ticket, static_cast<uint32_t>(shard), meta, payload);
-  }
-  void done_writing() {
+    std::string failed;
+    try {
+      const Buffer meta = encode(sys, req.step, req.layer, req.seqs);
+      const Buffer* payload[lane::kPayloads] = {&req.q, &req.k, &req.v};
+      lane::write_frame(*sock, FrameKind::request, ticket, static_cast<uint32_t>(shard), meta, payload);
+    } catch (const Error& e) {
+      failed = e.what();
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       writing = false;
     }
     idle.notify_all();
+    if (failed.empty() && !closed) return failed;
+    if (auto r = pending.take(ticket))
+      r->respond(from, caf::make_message(caf::make_error(caf::sec::request_receiver_down,
+                                                         failed.empty() ? "data lane closed" : failed)));
+    return failed;
   }
 };
 
@@ -248,18 +257,13 @@ lane_actor::behavior_type lane_behavior(lane_ptr self, std::shared_ptr<LaneWire>
           --w.queued;
         }
         const auto* asked = self->current_mailbox_element();
-        const uint64_t ticket = w.add(asked->sender, asked->mid);
-        try {
-          w.write(self->system(), ticket, shard, req);
-        } catch (const Error& e) {
-          w.done_writing();
-          w.pending.take(ticket);
-          close_lane(self, e.what());
-          return caf::make_error(caf::sec::request_receiver_down, e.what());
-        }
-        w.done_writing();
-        ensure_sweep(w, caf::actor_cast<lane_actor>(self));
-        return caf::delegated<attn_reply>();  // the reader thread answers
+        const std::string failed =
+            w.send(self->system(), caf::actor_cast<caf::strong_actor_ptr>(self), asked->sender, asked->mid, shard, req);
+        if (failed.empty())
+          ensure_sweep(w, caf::actor_cast<lane_actor>(self));
+        else
+          close_lane(self, failed);
+        return caf::delegated<attn_reply>();  // the reader thread (or send, or close_lane) answers
       },
       [self](lane_closed& c) { close_lane(self, c.why); },
       [self](expire_atom) {
@@ -363,24 +367,12 @@ class LaneShard final : public caf::monitorable_actor {
       }
       w.writing = true;
     }
-    const uint64_t ticket = w.add(what->sender, what->mid);
-    std::string failed;
-    try {
-      w.write(home_system(), ticket, index_, req);
-    } catch (const Error& e) {
-      failed = e.what();
-    }
-    w.done_writing();
-    if (!failed.empty() || w.closed) {
-      // The lane is closing (its actor fails what is in flight) or has closed: this one fails here.
-      if (auto r = w.pending.take(ticket))
-        r->respond(caf::actor_cast<caf::strong_actor_ptr>(this),
-                   caf::make_message(caf::make_error(caf::sec::request_receiver_down,
-                                                     failed.empty() ? "data lane closed" : failed)));
-      if (!failed.empty()) caf::anon_send(l.lane, lane_closed{failed});
-      return true;
-    }
-    ensure_sweep(w, l.lane);
+    const std::string failed =
+        w.send(home_system(), caf::actor_cast<caf::strong_actor_ptr>(this), what->sender, what->mid, index_, req);
+    if (!failed.empty())
+      caf::anon_send(l.lane, lane_closed{failed});
+    else if (!w.closed)
+      ensure_sweep(w, l.lane);
     return true;
   }
 
@@ -420,11 +412,7 @@ class LaneReplier final : public caf::monitorable_actor {
     write(FrameKind::reply, ticket, meta, payload);
   }
 
-  void fail(uint64_t ticket, caf::error err) {
-    const Buffer meta = encode(home_system(), err);
-    const Buffer* none[lane::kPayloads] = {nullptr, nullptr, nullptr};
-    write(FrameKind::failure, ticket, meta, none);
-  }
+  void fail(uint64_t ticket, caf::error err) { write(FrameKind::failure, ticket, encode(home_system(), err), nullptr); }
 
  private:
   // A connection that fails is shut down: the reader thread ends and tells the lane server.

@@ -68,6 +68,7 @@ void set_io_timeouts(const Socket& s, std::chrono::milliseconds send, std::chron
 // About how many bytes a write could queue on s now without waiting for the peer: half the free
 // space of its send buffer (the kernel counts its own overhead against the buffer). 0 when unknown.
 size_t send_room(const Socket& s);
+
 // Writes one frame whole. Throws fd::Error when the connection fails or times out.
 void write_frame(const Socket& s, FrameKind kind, uint64_t ticket, uint32_t target, const Buffer& meta,
                  const Buffer* const payload[kPayloads]);
