@@ -99,6 +99,7 @@ HWY_INLINE void ScoreRows(D d, const Rows& kr, size_t row0, const float (*qs)[kM
       for (size_t c = 0; c < hd; c += L) a[p] = hn::MulAdd(hn::Load(d, qs[0] + c), kr.Load(d, row0 + p, c), a[p]);
     return LaneSums<TP * NQ>(d, a, sums);
   }
+#pragma GCC unroll 2
   for (size_t c = 0; c < hd; c += L) {
     V k[TP];
 #pragma GCC unroll 4
