@@ -156,6 +156,16 @@ HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const 
     for (int b = 0; b < CB; ++b) hn::Store(a[b][j], d, acc[j] + c + b * L);
 }
 
+// Prefill's causal mask over a tile of scores s[j][0, n) for keys t0..t0+n-1: s[j][t] = -inf
+// where query j must not see key t0 + t (t0 + t >= limit[j]). Keys [0, min_limit) are visible
+// to every query, so a tile below it is left as it is.
+template <int NQ, size_t T>
+HWY_INLINE void MaskInvisible(float (*s)[T], const int* limit, int min_limit, int t0, int n) {
+  if (t0 + n <= min_limit) return;
+  for (int j = 0; j < NQ; ++j)
+    for (int t = std::max(0, limit[j] - t0); t < n; ++t) s[j][t] = -std::numeric_limits<float>::infinity();
+}
+
 // One query's online-softmax step over a tile of scores s[0, Lanes(dt) * k) whose first n are
 // real (the rest are set to -inf here): folds the tile's max into the running max m, turns s into
 // the weights exp(s - m), adds their sum to the running denominator l and rescales acc [hd] by

@@ -158,7 +158,6 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
   const hn::CappedTag<float, kTileT> dt;
   const size_t L = hn::Lanes(d);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   // Key rows scored per pass: TP * NQ independent FMA chains, 8 from NQ = 2 on, as two FMA pipes
   // of 4 cycles' latency need (NQ = 1 reads too little per byte to be compute-bound). One core of
   // AMD EPYC (Zen 3), hd64, L2-hot, medians of 6 alternating runs: GQA 2 read 14.0 GB/s with 4
@@ -190,10 +189,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
         for (int j = 0; j < NQ; ++j) st.s[j][t + p] = sums[p * NQ + j];
       t += rows;
     }
-    if (t0 + n > st.min_limit) {  // keys some query must not see (prefill's causal mask)
-      for (int j = 0; j < NQ; ++j)
-        for (int tt = std::max(0, tile.limit[j] - t0); tt < n; ++tt) st.s[j][tt] = neg_inf;
-    }
+    MaskInvisible<NQ>(st.s, tile.limit, st.min_limit, t0, n);
     // Only the lanes that hold the tile's n keys: a short context or a block's last keys do not
     // pay for the exponentials of a whole tile.
     const size_t LT = hn::Lanes(dt), used = (static_cast<size_t>(n) + LT - 1) / LT * LT;

@@ -570,7 +570,6 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const size_t k_off = kQ4 ? detail::q4_data_offset(KvPart::key, bt, groups) : bt * sizeof(float);
   const size_t v_off = kQ4 ? detail::q4_data_offset(KvPart::value, bt, groups) : bt * sizeof(float);
   const size_t pf_pace = (head_bytes + bt - 1) / bt;  // one row's share of the head's bytes
-  const float neg_inf = -std::numeric_limits<float>::infinity();
 
   const uint8_t* kb = Bytes(kv.k[b]) + st.head_off;
   const uint8_t* vb = Bytes(kv.v[b]) + st.head_off;
@@ -603,12 +602,8 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
                         reinterpret_cast<const float*>(kb), st.qq, st.s, col);
       }
-      if (t + 4 <= n && t0 + t + 4 <= st.min_limit) continue;  // four keys every query sees
-      for (int i = 0; i < 4 && t + i < n; ++i)
-#pragma GCC unroll 8
-        for (int j = 0; j < NQ; ++j)
-          if (t0 + t + i >= tile.limit[j]) st.s[j][t + i] = neg_inf;
     }
+    MaskInvisible<NQ>(st.s, tile.limit, st.min_limit, t0, n);
     // Value weights: probability * the row's (q8) or the row and group's (q4) scale; zero
     // beyond the tile's n rows, whose scales may be anything.
     const size_t LT = hn::Lanes(dt);
