@@ -6,6 +6,7 @@
 #include <iostream>
 #include <condition_variable>
 #include <optional>
+#include <utility>
 
 #include "actors/gatekeeper.h"
 #include "caf/all.hpp"
@@ -336,8 +337,7 @@ class LaneShard final : public caf::monitorable_actor {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!links_.lane) return;
-      gone = std::move(links_);
-      links_ = Links{};
+      gone = std::exchange(links_, Links{});
     }
     cleanup(std::move(reason), host);
   }
