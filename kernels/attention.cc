@@ -50,8 +50,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // GQA 4, so it stays with L1.
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
 
-// Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's block
-// as fp32. Layouts are documented in kernels/kv_format.h.
+// Value rows: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's value
+// block as fp32. Layouts are documented in kernels/kv_format.h.
 struct F16Rows {
   const uint16_t* x;  // [block_tokens][head_dim]
   size_t hd;
@@ -63,55 +63,103 @@ struct F16Rows {
   }
 };
 
-// out[j] = sum of the lanes of a[j]. Four vectors at a time are transposed-and-added within
-// each 128-bit block, then the blocks are folded: about a third of the work of four reductions.
-template <int NQ, class D>
-HWY_INLINE void LaneSums(D d, const hn::Vec<D>* a, float* out) {
-  int j = 0;
-#if HWY_TARGET != HWY_SCALAR
-  if constexpr (NQ >= 4 && hn::MaxLanes(D()) >= 4) {
-    for (; j + 4 <= NQ; j += 4) {
-      const auto sums = FoldBlocks(d, Sum4InBlocks(d, a[j], a[j + 1], a[j + 2], a[j + 3]));
-      hn::StoreU(sums, hn::DFromV<decltype(sums)>(), out + j);
-    }
-  }
-#endif
-  for (; j < NQ; ++j) out[j] = hn::GetLane(hn::SumOfLanes(d, a[j]));
+// Keys of one kv head's block are stored transposed, [head_dim][block_tokens] (kv_format.h), so
+// that a vector holds one element of Lanes consecutive keys: a tile's scores come out key by key
+// in lanes, with no horizontal sum per key and query (with row-major keys those sums took 17 % of
+// hd64 GQA 4). AMD EPYC (Zen 3), one core, KV in L2 (ctx 512 hd64, ctx 256 hd128, 2 kv heads),
+// medians of 10 alternating runs against row-major keys: hd64 GQA 1 18.1 -> 22.1 GB/s, GQA 2
+// 12.9 -> 14.1, GQA 4 8.6 -> 10.3, GQA 8 5.0 -> 5.0; hd128 GQA 1 14.7 -> 24.4 (5 runs). From memory
+// with 2 threads (ctx 512/4096, batch 16/64) it read the same within noise.
+
+// Key vectors scored per pass: KeyVectors * NQ accumulators, independent FMA chains (two FMA pipes
+// of 4 cycles' latency need 8), within the register file (16 vectors; 32 on AVX-512).
+template <int NQ>
+constexpr int KeyVectors() {
+  constexpr int accs = HWY_TARGET <= HWY_AVX3 ? 16 : 8;
+  return accs / NQ > 1 ? accs / NQ : 1;
 }
 
-// sums[p * NQ + j] = q_j . k_(row0 + p) for TP consecutive key rows: each q chunk is loaded
-// once for TP rows, and the TP * NQ accumulators are independent FMA chains.
-template <int NQ, int TP, class Rows, class D>
-HWY_INLINE void ScoreRows(D d, const Rows& kr, size_t row0, const float (*qs)[kMaxHeadDim], size_t hd,
-                          float* sums) {
+// Dimensions per prefetch step of a scoring pass.
+constexpr size_t kFetchDims = 8;
+
+// Walks the keys [0, n) of a tile that starts at key tb of a block of bt keys: passes of W vectors
+// of L keys while they stay inside a row of the block, then single vectors, calling
+// pass(t, std::integral_constant<int, width>); then tail(t) for the keys left (a vector there
+// would cross the end of the row).
+template <int W, class Pass, class Tail>
+HWY_INLINE void ForEachKeyPass(size_t tb, size_t n, size_t bt, size_t L, const Pass& pass, const Tail& tail) {
+  const size_t n_up = (n + L - 1) / L * L;
+  size_t t = 0;
+  for (; t + W * L <= n_up && tb + t + W * L <= bt; t += W * L) pass(t, std::integral_constant<int, W>());
+  if constexpr (W > 1) {
+    for (; t < n && tb + t + L <= bt; t += L) pass(t, std::integral_constant<int, 1>());
+  }
+  if (t < n) tail(t);
+}
+
+// s[j][t, t + W * L) = q_j . k for the W * L keys from kt (row 0 of the block's keys, at the pass's
+// first key; rows bt apart). fetch.Next() is called every kFetchDims rows.
+template <int NQ, int W, class D, class Fetch>
+HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t bt,
+                                const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT],
+                                size_t t, Fetch& fetch) {
   using V = hn::Vec<D>;
   const size_t L = hn::Lanes(d);
-  V a[TP * NQ];
+  V a[W * NQ];
 #pragma GCC unroll 16
-  for (int i = 0; i < TP * NQ; ++i) a[i] = hn::Zero(d);
-  if (NQ == 1 && hd >= 128) {
-    // Rows in memory order, as the hardware prefetcher wants them: at one query per kv head and
-    // hd 128, attention read about 25 % faster from memory on one core (as fast from cache). At
-    // hd 64 or with more queries the chunk-major order below is faster from cache, no slower from
-    // memory.
-#pragma GCC unroll 4
-    for (int p = 0; p < TP; ++p)
-      for (size_t c = 0; c < hd; c += L) a[p] = hn::MulAdd(hn::Load(d, qs[0] + c), kr.Load(d, row0 + p, c), a[p]);
-    return LaneSums<TP * NQ>(d, a, sums);
-  }
-#pragma GCC unroll 2
-  for (size_t c = 0; c < hd; c += L) {
-    V k[TP];
-#pragma GCC unroll 4
-    for (int p = 0; p < TP; ++p) k[p] = kr.Load(d, row0 + static_cast<size_t>(p), c);
-#pragma GCC unroll 8
+  for (int i = 0; i < W * NQ; ++i) a[i] = hn::Zero(d);
+  const auto dim = [&](size_t i) HWY_ATTR {
+    V k[W];
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) k[w] = LoadF16(d, kt + i * bt + static_cast<size_t>(w) * L);
+#pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) {
-      const V qv = hn::Load(d, qs[j] + c);
-#pragma GCC unroll 4
-      for (int p = 0; p < TP; ++p) a[p * NQ + j] = hn::MulAdd(qv, k[p], a[p * NQ + j]);
+      const V qv = hn::Set(d, qs[j][i]);
+#pragma GCC unroll 16
+      for (int w = 0; w < W; ++w) a[w * NQ + j] = hn::MulAdd(qv, k[w], a[w * NQ + j]);
     }
+  };
+  size_t i = 0;
+  for (; i + kFetchDims <= hd; i += kFetchDims) {
+    fetch.Next();
+#pragma GCC unroll 8
+    for (size_t u = 0; u < kFetchDims; ++u) dim(i + u);
   }
-  LaneSums<TP * NQ>(d, a, sums);
+  if (i < hd) fetch.Next();
+  for (; i < hd; ++i) dim(i);
+#pragma GCC unroll 16
+  for (int w = 0; w < W; ++w)
+#pragma GCC unroll 16
+    for (int j = 0; j < NQ; ++j) hn::StoreU(a[w * NQ + j], d, s[j] + t + static_cast<size_t>(w) * L);
+}
+
+// Prefetch steps of ScoreKeys for a tile.
+template <int NQ, class D>
+HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd) {
+  size_t passes = 0;
+  ForEachKeyPass<KeyVectors<NQ>()>(tb, n, bt, hn::Lanes(d), [&](size_t, auto) { ++passes; }, [](size_t) {});
+  return passes * ((hd + kFetchDims - 1) / kFetchDims);
+}
+
+// s[j][t] = q_j . k_(tb + t) for the keys t in [0, n) of a tile (kt: the kv head's transposed keys
+// [head_dim][bt]). Lanes past n within the row are scored too and left for the softmax to drop.
+template <int NQ, class D, class Fetch>
+HWY_INLINE void ScoreKeys(D d, const uint16_t* kt, size_t tb, size_t n, size_t bt,
+                          const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT], Fetch& fetch) {
+  ForEachKeyPass<KeyVectors<NQ>()>(
+      tb, n, bt, hn::Lanes(d),
+      [&](size_t t, auto width) {
+        ScoreKeyVectors<NQ, decltype(width)::value>(d, kt + tb + t, bt, qs, hd, s, t, fetch);
+      },
+      [&](size_t t0) {
+        const hn::CappedTag<float, 1> d1;
+        for (size_t t = t0; t < n; ++t)
+          for (int j = 0; j < NQ; ++j) {
+            float sum = 0.0f;
+            for (size_t i = 0; i < hd; ++i) sum += qs[j][i] * hn::GetLane(LoadF16(d1, kt + i * bt + tb + t));
+            s[j][t] = sum;
+          }
+      });
 }
 
 // One query tile's running state over its keys: scaled queries, unnormalised outputs and the
@@ -158,37 +206,22 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
   const hn::CappedTag<float, kTileT> dt;
   const size_t L = hn::Lanes(d);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
-  // Key rows scored per pass: TP * NQ independent FMA chains, 8 from NQ = 2 on, as two FMA pipes
-  // of 4 cycles' latency need (NQ = 1 reads too little per byte to be compute-bound). One core of
-  // AMD EPYC (Zen 3), hd64, L2-hot, medians of 6 alternating runs: GQA 2 read 14.0 GB/s with 4
-  // rows against 12.7 with 2; GQA 4 7.4 with 2 rows against 6.8 with 1.
-  constexpr int TP = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;
   // Value chunks accumulated per pass. At NQ <= 2 a pass covers a whole row of hd 128 with 16
   // lanes, so the value rows stream in memory order: two passes in column halves over the same
   // rows read 15-20 % slower from memory (measured on AMD EPYC).
   constexpr int CB = NQ <= 2 ? 8 : NQ <= 4 ? 2 : 1;
 
   const size_t row_bytes = (head_bytes + bt - 1) / bt;
-  const Rows kr(Bytes(kv.k[b]) + st.head_off, hd, bt), vr(Bytes(kv.v[b]) + st.head_off, hd, bt);
+  const auto* kt = reinterpret_cast<const uint16_t*>(Bytes(kv.k[b]) + st.head_off);
+  const Rows vr(Bytes(kv.v[b]) + st.head_off, hd, bt);
   const int block_end = static_cast<int>(std::min((b + 1) * bt, static_cast<size_t>(st.max_limit)));
   for (int t0 = static_cast<int>(b * bt); t0 < block_end;) {
     const size_t tb = static_cast<size_t>(t0) - b * bt;
     const int n = std::min(kTileT, block_end - t0);
     const size_t rows_begin = tb * row_bytes, rows_end = (tb + static_cast<size_t>(n)) * row_bytes;
-    PacedPrefetch next_keys(kn, rows_begin, rows_end, static_cast<size_t>(n / TP + n % TP), st.fetch_to);
-    for (int t = 0; t < n;) {
-      next_keys.Next();
-      float sums[TP * NQ];
-      const int rows = t + TP <= n ? TP : 1;  // the last rows of a block go one at a time
-      if (rows == TP)
-        ScoreRows<NQ, TP>(d, kr, tb + static_cast<size_t>(t), st.qs, hd, sums);
-      else
-        ScoreRows<NQ, 1>(d, kr, tb + static_cast<size_t>(t), st.qs, hd, sums);
-      for (int p = 0; p < rows; ++p)
-#pragma GCC unroll 8
-        for (int j = 0; j < NQ; ++j) st.s[j][t + p] = sums[p * NQ + j];
-      t += rows;
-    }
+    PacedPrefetch next_keys(kn, rows_begin, rows_end, ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd),
+                            st.fetch_to);
+    ScoreKeys<NQ>(dt, kt, tb, static_cast<size_t>(n), bt, st.qs, hd, st.s, next_keys);
     MaskInvisible<NQ>(st.s, tile.limit, st.min_limit, t0, n);
     // Only the lanes that hold the tile's n keys: a short context or a block's last keys do not
     // pay for the exponentials of a whole tile.

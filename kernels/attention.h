@@ -12,7 +12,8 @@ struct AttnDims {
 };
 
 // K/V of one sequence and one layer. Block b holds tokens [b*block_tokens, (b+1)*block_tokens);
-// k[b] and v[b] each point at [n_kv_heads][block_tokens][head_dim] fp16 values.
+// k[b] points at [n_kv_heads][head_dim][block_tokens] fp16 values (keys transposed, so that a
+// vector holds one element of consecutive keys), v[b] at [n_kv_heads][block_tokens][head_dim].
 struct KvBlocksF16 {
   const uint16_t* const* k = nullptr;
   const uint16_t* const* v = nullptr;

@@ -47,12 +47,20 @@ class F16Format final : public KvFormatBase {
   size_t head_block_bytes(int bt, int hd) const override {
     return size_t(bt) * size_t(hd) * sizeof(uint16_t);
   }
-  void encode_row(KvPart, const uint16_t* src, int hd, int, int t, uint8_t* hb) const override {
-    copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
+  void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
+    if (part == KvPart::value) {
+      copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
+      return;
+    }
+    for (int i = 0; i < hd; ++i) std::memcpy(hb + (size_t(i) * bt + t) * sizeof(uint16_t), src + i, sizeof(uint16_t));
   }
-  void decode_row(KvPart, const uint8_t* hb, int hd, int, int t, float* dst) const override {
+  void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     uint16_t row[kMaxHeadDim];
-    std::memcpy(row, hb + size_t(t) * hd * sizeof(uint16_t), size_t(hd) * sizeof(uint16_t));
+    if (part == KvPart::value) {
+      std::memcpy(row, hb + size_t(t) * hd * sizeof(uint16_t), size_t(hd) * sizeof(uint16_t));
+    } else {
+      for (int i = 0; i < hd; ++i) std::memcpy(row + i, hb + (size_t(i) * bt + t) * sizeof(uint16_t), sizeof(uint16_t));
+    }
     f16_to_f32(row, dst, size_t(hd));
   }
 };

@@ -1,8 +1,10 @@
 // Pluggable storage formats of the KV-cache. A format fixes how one kv head's rows of a block are
-// laid out (encoded on append) and supplies the attention kernel that reads them. Keys are stored
-// row by row, for dot products along head_dim; q8/q4 values interleave four consecutive rows per
-// element ("quads", padded to a multiple of 4 rows), for dot products along the keys.
-//   f16: [block_tokens][head_dim] fp16, keys and values.
+// laid out (encoded on append) and supplies the attention kernel that reads them. f16 keys are
+// stored transposed, so that a vector holds one element of consecutive keys and scores need no
+// horizontal sums; q8/q4 keys row by row, for dot products along head_dim; q8/q4 values interleave
+// four consecutive rows per element ("quads", padded to a multiple of 4 rows), for dot products
+// along the keys.
+//   f16: keys [head_dim][block_tokens], values [block_tokens][head_dim], fp16.
 //   q8 : [block_tokens] fp32 scales, then keys [block_tokens][head_dim] int8, values
 //        [ceil(block_tokens/4)][head_dim][4] int8 (row t, element i at (t/4, i, t%4));
 //        x = q * scale, one scale per token per kv head (max|x| / 127).

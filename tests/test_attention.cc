@@ -27,12 +27,14 @@ double f16_value(uint16_t h) {
 }
 
 // One sequence's K/V for one layer, stored as separately allocated blocks in the layout the
-// kernel reads ([n_kv_heads][block_tokens][head_dim] per block), plus a flat copy for the reference.
+// kernel reads (per block, keys [n_kv_heads][head_dim][block_tokens], values
+// [n_kv_heads][block_tokens][head_dim]), plus the fp16 rows and a flat copy for the reference.
 struct TestKv {
   int n_kv_heads, head_dim, block_tokens, len;
   std::vector<std::vector<uint16_t>> kb, vb;  // [blocks][n_kv_heads * block_tokens * head_dim]
   std::vector<const uint16_t*> kp, vp;
-  std::vector<double> k, v;  // [len][n_kv_heads][head_dim]
+  std::vector<uint16_t> k16, v16;  // [len][n_kv_heads][head_dim]
+  std::vector<double> k, v;        // [len][n_kv_heads][head_dim]
 
   TestKv(int nkv, int hd, int bt, int n, uint32_t seed)
       : n_kv_heads(nkv), head_dim(hd), block_tokens(bt), len(n) {
@@ -44,17 +46,21 @@ struct TestKv {
     vb = kb;
     k.resize(size_t(n) * nkv * hd);
     v.resize(k.size());
+    k16.resize(k.size());
+    v16.resize(k.size());
     for (int t = 0; t < n; ++t)
       for (int h = 0; h < nkv; ++h)
         for (int i = 0; i < hd; ++i) {
           float pair[2] = {dist(rng), dist(rng)};
           uint16_t half[2];
           fd::kernels::f32_to_f16(pair, half, 2);
-          const size_t at = (size_t(h) * bt + t % bt) * hd + i;
-          kb[size_t(t / bt)][at] = half[0];
-          vb[size_t(t / bt)][at] = half[1];
-          k[(size_t(t) * nkv + h) * hd + i] = f16_value(half[0]);
-          v[(size_t(t) * nkv + h) * hd + i] = f16_value(half[1]);
+          kb[size_t(t / bt)][(size_t(h) * hd + i) * bt + t % bt] = half[0];
+          vb[size_t(t / bt)][(size_t(h) * bt + t % bt) * hd + i] = half[1];
+          const size_t at = (size_t(t) * nkv + h) * hd + i;
+          k16[at] = half[0];
+          v16[at] = half[1];
+          k[at] = f16_value(half[0]);
+          v[at] = f16_value(half[1]);
         }
     for (int b = 0; b < blocks; ++b) {
       kp.push_back(kb[size_t(b)].data());
@@ -214,9 +220,9 @@ struct QuantKv {
       for (int h = 0; h < nkv; ++h) {
         uint8_t* kh = kb[size_t(t / bt)].data() + size_t(h) * hb;
         uint8_t* vh = vb[size_t(t / bt)].data() + size_t(h) * hb;
-        const size_t at = (size_t(h) * bt + t % bt) * hd;
-        f.encode_row(fd::kernels::KvPart::key, src.kb[size_t(t / bt)].data() + at, hd, bt, t % bt, kh);
-        f.encode_row(fd::kernels::KvPart::value, src.vb[size_t(t / bt)].data() + at, hd, bt, t % bt, vh);
+        const size_t at = (size_t(t) * nkv + h) * hd;
+        f.encode_row(fd::kernels::KvPart::key, src.k16.data() + at, hd, bt, t % bt, kh);
+        f.encode_row(fd::kernels::KvPart::value, src.v16.data() + at, hd, bt, t % bt, vh);
         f.decode_row(fd::kernels::KvPart::key, kh, hd, bt, t % bt, row.data());
         for (int i = 0; i < hd; ++i) kq[(size_t(t) * nkv + h) * hd + i] = row[size_t(i)];
         f.decode_row(fd::kernels::KvPart::value, vh, hd, bt, t % bt, row.data());

@@ -49,9 +49,9 @@ void check_contents(const fd::KvStore& s, uint64_t seq, int layer) {
   for (int t = 0; t < kv.len; ++t)
     for (int h = 0; h < c.n_kv_heads; ++h)
       for (int i = 0; i < c.head_dim; ++i) {
-        const size_t at = (size_t(h) * c.block_tokens + t % c.block_tokens) * c.head_dim + i;
-        bad += kv.k[t / c.block_tokens][at] != tag(seq, layer, 0, t, h, i);
-        bad += kv.v[t / c.block_tokens][at] != tag(seq, layer, 1, t, h, i);
+        const size_t bt = size_t(c.block_tokens), hd = size_t(c.head_dim);
+        bad += kv.k[t / c.block_tokens][(h * hd + i) * bt + t % bt] != tag(seq, layer, 0, t, h, i);
+        bad += kv.v[t / c.block_tokens][(h * bt + t % bt) * hd + i] != tag(seq, layer, 1, t, h, i);
       }
   CHECK(bad == 0);
 }
@@ -219,12 +219,13 @@ TEST_CASE("attention over a KvStore view matches attention over the same blocks"
   }
   s.append(3, 0, 0, k.data(), v.data(), 20);
   s.append(3, 0, 20, k.data() + 20 * 128, v.data() + 20 * 128, len - 20);
-  // The same data laid out by hand: block b, head h, token t at ((h * 16) + t % 16) * 64.
+  // The same data laid out by hand: block b, head h, token t, element i of the keys at
+  // (h * 64 + i) * 16 + t % 16, of the values at (h * 16 + t % 16) * 64 + i.
   std::vector<std::vector<uint16_t>> kb(4, std::vector<uint16_t>(2 * 16 * 64)), vb = kb;
   for (int t = 0; t < len; ++t)
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 64; ++i) {
-        kb[t / 16][(h * 16 + t % 16) * 64 + i] = k[(size_t(t) * 2 + h) * 64 + i];
+        kb[t / 16][(h * 64 + i) * 16 + t % 16] = k[(size_t(t) * 2 + h) * 64 + i];
         vb[t / 16][(h * 16 + t % 16) * 64 + i] = v[(size_t(t) * 2 + h) * 64 + i];
       }
   std::vector<const uint16_t*> kp, vp;
