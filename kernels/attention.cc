@@ -72,29 +72,34 @@ struct F16Rows {
 // with 2 threads (ctx 512/4096, batch 16/64) it read the same within noise.
 
 // Key vectors scored per pass: KeyVectors * NQ accumulators, independent FMA chains (two FMA pipes
-// of 4 cycles' latency need 8), within the register file (16 vectors; 32 on AVX-512).
-template <int NQ>
+// of 4 cycles' latency need 8), within the register file (16 vectors; 32 on AVX-512) and a tile; a
+// power of two, so that the passes of a tile's last keys can halve it.
+template <int NQ, class D>
 constexpr int KeyVectors() {
   constexpr int accs = HWY_TARGET <= HWY_AVX3 ? 16 : 8;
-  return accs / NQ > 1 ? accs / NQ : 1;
+  constexpr int tile = static_cast<int>(kTileT / hn::MaxLanes(D()));
+  int w = 1;
+  while (2 * w * NQ <= accs && 2 * w <= tile) w *= 2;
+  return w;
 }
 
 // Dimensions per prefetch step of a scoring pass.
 constexpr size_t kFetchDims = 8;
 
-// Walks the keys [0, n) of a tile that starts at key tb of a block of bt keys: passes of W vectors
-// of L keys while they stay inside a row of the block, then single vectors, calling
+// Walks the keys [t, n) of a tile that starts at key tb of a block of bt keys: passes of W vectors
+// of L keys while they stay inside a row of the block, then of W / 2, ... 1 vectors, calling
 // pass(t, std::integral_constant<int, width>); then tail(t) for the keys left (a vector there
 // would cross the end of the row).
 template <int W, class Pass, class Tail>
-HWY_INLINE void ForEachKeyPass(size_t tb, size_t n, size_t bt, size_t L, const Pass& pass, const Tail& tail) {
+HWY_INLINE void ForEachKeyPass(size_t t, size_t tb, size_t n, size_t bt, size_t L, const Pass& pass,
+                               const Tail& tail) {
   const size_t n_up = (n + L - 1) / L * L;
-  size_t t = 0;
   for (; t + W * L <= n_up && tb + t + W * L <= bt; t += W * L) pass(t, std::integral_constant<int, W>());
   if constexpr (W > 1) {
-    for (; t < n && tb + t + L <= bt; t += L) pass(t, std::integral_constant<int, 1>());
+    ForEachKeyPass<W / 2>(t, tb, n, bt, L, pass, tail);
+  } else if (t < n) {
+    tail(t);
   }
-  if (t < n) tail(t);
 }
 
 // s[j][t, t + W * L) = q_j . k for the W * L keys from kt (row 0 of the block's keys, at the pass's
@@ -137,7 +142,7 @@ HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t bt,
 template <int NQ, class D>
 HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd) {
   size_t passes = 0;
-  ForEachKeyPass<KeyVectors<NQ>()>(tb, n, bt, hn::Lanes(d), [&](size_t, auto) { ++passes; }, [](size_t) {});
+  ForEachKeyPass<KeyVectors<NQ, D>()>(0, tb, n, bt, hn::Lanes(d), [&](size_t, auto) { ++passes; }, [](size_t) {});
   return passes * ((hd + kFetchDims - 1) / kFetchDims);
 }
 
@@ -146,8 +151,8 @@ HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd) 
 template <int NQ, class D, class Fetch>
 HWY_INLINE void ScoreKeys(D d, const uint16_t* kt, size_t tb, size_t n, size_t bt,
                           const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT], Fetch& fetch) {
-  ForEachKeyPass<KeyVectors<NQ>()>(
-      tb, n, bt, hn::Lanes(d),
+  ForEachKeyPass<KeyVectors<NQ, D>()>(
+      0, tb, n, bt, hn::Lanes(d),
       [&](size_t t, auto width) {
         ScoreKeyVectors<NQ, decltype(width)::value>(d, kt + tb + t, bt, qs, hd, s, t, fetch);
       },
