@@ -12,8 +12,9 @@ struct AttnDims {
 };
 
 // K/V of one sequence and one layer. Block b holds tokens [b*block_tokens, (b+1)*block_tokens);
-// k[b] points at [n_kv_heads][head_dim][block_tokens] fp16 values (keys transposed, so that a
-// vector holds one element of consecutive keys), v[b] at [n_kv_heads][block_tokens][head_dim].
+// v[b] points at [n_kv_heads][block_tokens][head_dim] fp16 values, k[b] at the same layout while the
+// block is not full ((b+1)*block_tokens > len) and at [n_kv_heads][head_dim][block_tokens] once it
+// is (keys transposed, so that a vector holds one element of consecutive keys).
 struct KvBlocksF16 {
   const uint16_t* const* k = nullptr;
   const uint16_t* const* v = nullptr;

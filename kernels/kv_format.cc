@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "kernels/stream.h"
@@ -47,21 +48,28 @@ class F16Format final : public KvFormatBase {
   size_t head_block_bytes(int bt, int hd) const override {
     return size_t(bt) * size_t(hd) * sizeof(uint16_t);
   }
-  void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
-    if (part == KvPart::value) {
-      copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
-      return;
-    }
-    for (int i = 0; i < hd; ++i) std::memcpy(hb + (size_t(i) * bt + t) * sizeof(uint16_t), src + i, sizeof(uint16_t));
+  void encode_row(KvPart, const uint16_t* src, int hd, int, int t, uint8_t* hb) const override {
+    copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
   }
-  void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
+  void decode_row(KvPart, const uint8_t* hb, int hd, int, int t, float* dst) const override {
     uint16_t row[kMaxHeadDim];
-    if (part == KvPart::value) {
-      std::memcpy(row, hb + size_t(t) * hd * sizeof(uint16_t), size_t(hd) * sizeof(uint16_t));
-    } else {
-      for (int i = 0; i < hd; ++i) std::memcpy(row + i, hb + (size_t(i) * bt + t) * sizeof(uint16_t), sizeof(uint16_t));
-    }
+    std::memcpy(row, hb + size_t(t) * hd * sizeof(uint16_t), size_t(hd) * sizeof(uint16_t));
     f16_to_f32(row, dst, size_t(hd));
+  }
+  void seal(KvPart part, uint8_t* hb, int hd, int bt) const override {
+    if (part == KvPart::key) transpose(hb, size_t(bt), size_t(hd));
+  }
+  void unseal(KvPart part, uint8_t* hb, int hd, int bt) const override {
+    if (part == KvPart::key) transpose(hb, size_t(hd), size_t(bt));
+  }
+
+ private:
+  // x [rows][cols] fp16 -> [cols][rows], in place.
+  static void transpose(uint8_t* x, size_t rows, size_t cols) {
+    std::vector<uint16_t> a(rows * cols);
+    std::memcpy(a.data(), x, a.size() * sizeof(uint16_t));
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < cols; ++c) std::memcpy(x + (c * rows + r) * sizeof(uint16_t), &a[r * cols + c], sizeof(uint16_t));
   }
 };
 

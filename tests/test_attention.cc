@@ -27,8 +27,8 @@ double f16_value(uint16_t h) {
 }
 
 // One sequence's K/V for one layer, stored as separately allocated blocks in the layout the
-// kernel reads (per block, keys [n_kv_heads][head_dim][block_tokens], values
-// [n_kv_heads][block_tokens][head_dim]), plus the fp16 rows and a flat copy for the reference.
+// kernel reads (per block [n_kv_heads][block_tokens][head_dim], the keys of a full block
+// [n_kv_heads][head_dim][block_tokens]), plus the fp16 rows and a flat copy for the reference.
 struct TestKv {
   int n_kv_heads, head_dim, block_tokens, len;
   std::vector<std::vector<uint16_t>> kb, vb;  // [blocks][n_kv_heads * block_tokens * head_dim]
@@ -54,7 +54,9 @@ struct TestKv {
           float pair[2] = {dist(rng), dist(rng)};
           uint16_t half[2];
           fd::kernels::f32_to_f16(pair, half, 2);
-          kb[size_t(t / bt)][(size_t(h) * hd + i) * bt + t % bt] = half[0];
+          const bool sealed = (t / bt + 1) * bt <= n;  // a full block's keys are transposed
+          kb[size_t(t / bt)][sealed ? (size_t(h) * hd + i) * bt + t % bt : (size_t(h) * bt + t % bt) * hd + i] =
+              half[0];
           vb[size_t(t / bt)][(size_t(h) * bt + t % bt) * hd + i] = half[1];
           const size_t at = (size_t(t) * nkv + h) * hd + i;
           k16[at] = half[0];
@@ -229,6 +231,11 @@ struct QuantKv {
         for (int i = 0; i < hd; ++i) vq[(size_t(t) * nkv + h) * hd + i] = row[size_t(i)];
       }
     for (int b = 0; b < blocks; ++b) {
+      if ((b + 1) * bt <= n)  // full blocks are sealed, as the store does
+        for (int h = 0; h < nkv; ++h) {
+          f.seal(fd::kernels::KvPart::key, kb[size_t(b)].data() + size_t(h) * hb, hd, bt);
+          f.seal(fd::kernels::KvPart::value, vb[size_t(b)].data() + size_t(h) * hb, hd, bt);
+        }
       kp.push_back(kb[size_t(b)].data());
       vp.push_back(vb[size_t(b)].data());
     }

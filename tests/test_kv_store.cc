@@ -49,9 +49,11 @@ void check_contents(const fd::KvStore& s, uint64_t seq, int layer) {
   for (int t = 0; t < kv.len; ++t)
     for (int h = 0; h < c.n_kv_heads; ++h)
       for (int i = 0; i < c.head_dim; ++i) {
-        const size_t bt = size_t(c.block_tokens), hd = size_t(c.head_dim);
-        bad += kv.k[t / c.block_tokens][(h * hd + i) * bt + t % bt] != tag(seq, layer, 0, t, h, i);
-        bad += kv.v[t / c.block_tokens][(h * bt + t % bt) * hd + i] != tag(seq, layer, 1, t, h, i);
+        const size_t bt = size_t(c.block_tokens), hd = size_t(c.head_dim), b = size_t(t) / bt;
+        const bool sealed = (b + 1) * bt <= size_t(kv.len);  // a full block's keys are transposed
+        const size_t k_at = sealed ? (h * hd + i) * bt + t % bt : (h * bt + t % bt) * hd + i;
+        bad += kv.k[b][k_at] != tag(seq, layer, 0, t, h, i);
+        bad += kv.v[b][(h * bt + t % bt) * hd + i] != tag(seq, layer, 1, t, h, i);
       }
   CHECK(bad == 0);
 }
@@ -101,6 +103,16 @@ TEST_CASE("KvStore append rejects gaps and unreserved positions, rewinds on over
   check_contents(s, 5, 0);
   append(s, 5, 0, 2, 1);  // a retried step rewinds the layer to position 2 first
   CHECK(s.length(5, 0) == 3);
+  check_contents(s, 5, 0);
+  // Rewinds into full (sealed) blocks, then refills them.
+  append(s, 5, 0, 3, 5);
+  CHECK(s.length(5, 0) == 8);
+  check_contents(s, 5, 0);
+  append(s, 5, 0, 3, 3);  // into block 0 (full again after it) and block 1 (left partial)
+  CHECK(s.length(5, 0) == 6);
+  check_contents(s, 5, 0);
+  append(s, 5, 0, 6, 2);
+  CHECK(s.length(5, 0) == 8);
   check_contents(s, 5, 0);
 }
 
@@ -219,13 +231,15 @@ TEST_CASE("attention over a KvStore view matches attention over the same blocks"
   }
   s.append(3, 0, 0, k.data(), v.data(), 20);
   s.append(3, 0, 20, k.data() + 20 * 128, v.data() + 20 * 128, len - 20);
-  // The same data laid out by hand: block b, head h, token t, element i of the keys at
-  // (h * 64 + i) * 16 + t % 16, of the values at (h * 16 + t % 16) * 64 + i.
+  // The same data laid out by hand: block b, head h, token t, element i of the values at
+  // (h * 16 + t % 16) * 64 + i, of the keys there too in the last (partial) block and at
+  // (h * 64 + i) * 16 + t % 16 in the full ones.
   std::vector<std::vector<uint16_t>> kb(4, std::vector<uint16_t>(2 * 16 * 64)), vb = kb;
   for (int t = 0; t < len; ++t)
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 64; ++i) {
-        kb[t / 16][(h * 64 + i) * 16 + t % 16] = k[(size_t(t) * 2 + h) * 64 + i];
+        const bool sealed = (t / 16 + 1) * 16 <= len;
+        kb[t / 16][sealed ? (h * 64 + i) * 16 + t % 16 : (h * 16 + t % 16) * 64 + i] = k[(size_t(t) * 2 + h) * 64 + i];
         vb[t / 16][(h * 16 + t % 16) * 64 + i] = v[(size_t(t) * 2 + h) * 64 + i];
       }
   std::vector<const uint16_t*> kp, vp;
