@@ -124,7 +124,7 @@ void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const
   auto& vb = s.vb[static_cast<size_t>(layer)];
   // Full blocks are sealed (kernels/kv_format.h): a rewind into one unseals it first.
   const size_t first = static_cast<size_t>(pos0) / bt;
-  if (n > 0 && (first + 1) * bt <= static_cast<size_t>(cur)) seal_block(kb[first], vb[first], false);
+  if ((first + 1) * bt <= static_cast<size_t>(cur)) set_sealed(kb[first], vb[first], false);
   for (int t = 0; t < n; ++t) {
     const size_t pos = static_cast<size_t>(pos0 + t);
     const size_t b = pos / bt;
@@ -139,19 +139,19 @@ void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const
     }
   }
   const size_t end = static_cast<size_t>(pos0 + n);
-  for (size_t b = first; (b + 1) * bt <= end; ++b) seal_block(kb[b], vb[b], true);
+  for (size_t b = first; (b + 1) * bt <= end; ++b) set_sealed(kb[b], vb[b], true);
   kernels::streaming_fence();  // the rows are read next by attention, maybe on another thread
   s.len[static_cast<size_t>(layer)] = pos0 + n;
 }
 
-void KvStore::seal_block(const uint8_t* k, const uint8_t* v, bool seal) {
+void KvStore::set_sealed(const uint8_t* k, const uint8_t* v, bool sealed) {
   // Blocks are written only through the store, which owns the arena.
   auto* kd = const_cast<uint8_t*>(k);
   auto* vd = const_cast<uint8_t*>(v);
   for (int h = 0; h < cfg_.n_kv_heads; ++h)
     for (auto [part, d] : {std::pair{kernels::KvPart::key, kd}, {kernels::KvPart::value, vd}}) {
       uint8_t* hb = d + h * head_bytes_;
-      if (seal)
+      if (sealed)
         format_->seal(part, hb, cfg_.head_dim, cfg_.block_tokens);
       else
         format_->unseal(part, hb, cfg_.head_dim, cfg_.block_tokens);

@@ -67,8 +67,8 @@ class KvStore {
   };
   // The sequence, or null when it holds nothing; throws fd::Error for a layer the store lacks.
   const Seq* find_for_view(uint64_t seq, int layer) const;
-  // Seals (or unseals) every kv head of one block's K and V (kernels::KvFormat::seal).
-  void seal_block(const uint8_t* k, const uint8_t* v, bool seal);
+  // Seals or unseals every kv head of one block's K and V (kernels::KvFormat::seal).
+  void set_sealed(const uint8_t* k, const uint8_t* v, bool sealed);
   KvStoreConfig cfg_;
   const kernels::KvFormat* format_ = nullptr;
   size_t head_bytes_ = 0;   // one kv head's rows of one block (KvFormat::head_block_bytes)

@@ -114,6 +114,11 @@ TEST_CASE("KvStore append rejects gaps and unreserved positions, rewinds on over
   append(s, 5, 0, 6, 2);
   CHECK(s.length(5, 0) == 8);
   check_contents(s, 5, 0);
+  append(s, 5, 0, 5, 0);  // a rewind that writes nothing leaves block 1 partial
+  CHECK(s.length(5, 0) == 5);
+  check_contents(s, 5, 0);
+  append(s, 5, 0, 5, 3);
+  check_contents(s, 5, 0);
 }
 
 TEST_CASE("KvStore capacity error names the shortage and changes nothing", "[kv]") {
