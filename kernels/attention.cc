@@ -417,6 +417,14 @@ void AttendHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, si
   }
 }
 
+void SoftmaxExpImpl(const float* x, float* y, size_t n) {
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  size_t i = 0;
+  for (; i + hn::Lanes(d) <= n; i += hn::Lanes(d)) hn::StoreU(ExpNonPositive(d, hn::LoadU(d, x + i)), d, y + i);
+  for (; i < n; ++i) hn::StoreU(ExpNonPositive(d1, hn::LoadU(d1, x + i)), d1, y + i);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace fd::kernels
 HWY_AFTER_NAMESPACE();
@@ -426,6 +434,7 @@ namespace fd::kernels {
 
 HWY_EXPORT(AttendHeadsF16Impl);
 HWY_EXPORT(AttendHeadsImpl);
+HWY_EXPORT(SoftmaxExpImpl);
 
 namespace {
 
@@ -476,6 +485,8 @@ void attend_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_
   HWY_DYNAMIC_DISPATCH(AttendHeadsImpl)(q, n_q, q_pos0, kv, head_bytes, d, kvh_begin, kvh_end, out);
 }
 }  // namespace detail
+
+void softmax_exp(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxExpImpl)(x, y, n); }
 
 void attention_f16(const float* q, int n_q, int q_pos0, const KvBlocksF16& kv, const AttnDims& d,
                    float* out) {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <tuple>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -147,6 +148,39 @@ void check_case(int len, int head_dim, int gqa, int n_q, int block_tokens, uint3
 }
 
 }  // namespace
+
+TEST_CASE("softmax_exp is within 2 ulp of exp on every SIMD target", "[attention]") {
+  // Its polynomial is hn::Exp's (1 ulp); 2 ulp leaves room for targets without FMA.
+  std::vector<float> x;
+  for (float v = -1e-30f; v > -87.3f; v *= 1.0001f) x.push_back(v);  // exp(v) >= FLT_MIN
+  const size_t normal = x.size() + 2;
+  x.insert(x.begin(), {0.0f, -0.0f});
+  x.insert(x.end(), {-87.8f, -88.0f, -100.0f, -1e30f, -std::numeric_limits<float>::infinity()});
+  x.push_back(-1.0f);  // an odd count: the last values take the single-lane tail
+  std::vector<float> y(x.size());
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    INFO("target " << hwy::TargetName(target));
+    std::fill(y.begin(), y.end(), -1.0f);
+    fd::kernels::softmax_exp(x.data(), y.data(), x.size());
+    double worst = 0.0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double ref = std::exp(double(x[i]));
+      if (i < normal || i + 1 == x.size()) {
+        worst = std::max(worst, std::fabs(y[i] - ref) / std::ldexp(1.0, std::ilogb(ref) - 23));
+      } else {
+        INFO("x = " << x[i]);
+        CHECK(y[i] >= 0.0f);
+        CHECK(y[i] <= std::numeric_limits<float>::min());
+      }
+    }
+    INFO("worst error " << worst << " ulp over " << normal << " values");
+    CHECK(worst <= 2.0);
+    CHECK(y[0] == 1.0f);
+    CHECK(y[x.size() - 2] == 0.0f);  // -inf
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
 
 TEST_CASE("attention_f16 decode matches a double-precision reference", "[attention]") {
   for (int len : {1, 7, 16, 17, 33, 1000})
