@@ -33,7 +33,10 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int kTileT = 2 * kValueTileKeys;  // the most keys scored per softmax step
+// Keys scored per softmax step (value_tile_keys): q8 and q4, and the most of either.
+constexpr int kQ8TileT = value_tile_keys(KvDtype::q8, 0);
+constexpr int kQ4TileT = value_tile_keys(KvDtype::q4, 0);
+constexpr int kTileT = kQ8TileT > kQ4TileT ? kQ8TileT : kQ4TileT;
 constexpr int kMaxHeadDim = 256;
 // K and V bytes fetched ahead of the kernel, in visits of one kv head's block: about one core's
 // share of the read bandwidth times the memory latency (measured best at 2-3 blocks of q4/q8 with
@@ -151,8 +154,9 @@ HWY_INLINE V DotWords(V acc, V a, V b) {
 #define FD_X86_VNNI 0
 #endif
 
-// int16 lane i = a[2i] * b[2i] + a[2i+1] * b[2i+1] for bytes a in [0, 15] and int8 b (never
-// saturates: 2 * 15 * 127 < 2^15).
+// int16 lane i = a[2i] * b[2i] + a[2i+1] * b[2i+1] for unsigned bytes a and signed b whose pair
+// sums fit int16 (pmaddubsw saturates): q4 keys, a in [0, 15] and int8 b (2 * 15 * 127 < 2^15);
+// q4 values, a in [0, 255] and b in [-8, 7] (2 * 255 * 8 < 2^15).
 template <class D8>
 HWY_INLINE hn::Vec<hn::Repartition<int16_t, D8>> MulPairs(D8, hn::Vec<D8> a,
                                                          hn::Vec<hn::RebindToSigned<D8>> b) {
@@ -500,11 +504,21 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
     g[u] = unit / per_group;
     at[u] = unit % per_group * L;  // element offset of the unit's low half within its group
   }
-  VI a[CU][2][NQ];
+#if FD_X86_MADD && !FD_X86_VNNI
+  // Without VNNI, pmaddubsw's int16 pair sums, exact (|pair| <= 2 * 255 * 8 = 4080), are kept in
+  // int16 over the tile's quads and widened once: two instructions per 32 products instead of
+  // DotQuads' nine.
+  static_assert(kQ4TileT / 4 * 4080 <= 32767, "a tile's pair sums must fit int16");
+  const hn::Repartition<int16_t, decltype(d32)> d16;
+  using VA = hn::Vec<decltype(d16)>;
+#else
+  using VA = VI;
+#endif
+  VA a[CU][2][NQ];
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 8
-    for (int u = 0; u < CU; ++u) a[u][0][j] = a[u][1][j] = hn::Zero(d32);
+    for (int u = 0; u < CU; ++u) a[u][0][j] = a[u][1][j] = hn::Zero(hn::DFromV<VA>());
   const auto low = hn::Set(d8, 15);
   const hn::RebindToSigned<decltype(d8)> di8;
   const auto eight = hn::Set(di8, 8);
@@ -524,8 +538,13 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
 #pragma GCC unroll 8
       for (int u = 0; u < CU; ++u) {
         const VI w = QuadWeights(d32, vw[j][g[u]], k);
+#if FD_X86_MADD && !FD_X86_VNNI
+        a[u][0][j] = hn::Add(a[u][0][j], MulPairs(d8, hn::BitCast(d8, w), hn::BitCast(di8, lo[u])));
+        a[u][1][j] = hn::Add(a[u][1][j], MulPairs(d8, hn::BitCast(d8, w), hn::BitCast(di8, hi[u])));
+#else
         a[u][0][j] = DotQuads(d32, a[u][0][j], w, lo[u]);
         a[u][1][j] = DotQuads(d32, a[u][1][j], w, hi[u]);
+#endif
       }
   }
 #pragma GCC unroll 8
@@ -535,7 +554,12 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
       const auto f = hn::Set(df, vw[j][g[u]].factor);
       for (int h = 0; h < 2; ++h) {
         float* out = acc[j] + g[u] * 32 + at[u] + 16 * h;
-        hn::Store(hn::MulAdd(f, hn::ConvertTo(df, a[u][h][j]), hn::Load(df, out)), df, out);
+#if FD_X86_MADD && !FD_X86_VNNI
+        const VI sums = SumPairs(d32, a[u][h][j]);
+#else
+        const VI sums = a[u][h][j];
+#endif
+        hn::Store(hn::MulAdd(f, hn::ConvertTo(df, sums), hn::Load(df, out)), df, out);
       }
     }
 }
@@ -709,11 +733,7 @@ void RunQuantGroupTiles(DK dk, DF df, const Tile* t, const int* kvh, int n, cons
 
 template <bool kQ4, class DK, class DF>
 void RunQuantGroup(DK dk, DF df, const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int hd) {
-  if constexpr (kQ4) {
-    if (value_tile_keys(kv.dtype, hd) == 2 * kValueTileKeys)
-      return RunQuantGroupTiles<kQ4, 2 * kValueTileKeys>(dk, df, t, kvh, n, kv, hb, hd);
-  }
-  RunQuantGroupTiles<kQ4, kValueTileKeys>(dk, df, t, kvh, n, kv, hb, hd);
+  RunQuantGroupTiles<kQ4, kQ4 ? kQ4TileT : kQ8TileT>(dk, df, t, kvh, n, kv, hb, hd);
 }
 
 // Picks the widest vectors whose chunks divide the head.
