@@ -33,10 +33,8 @@
 namespace fd::kernels {
 namespace {
 
-// Keys scored per softmax step (value_tile_keys): q8 and q4, and the most of either.
-constexpr int kQ8TileT = value_tile_keys(KvDtype::q8, 0);
-constexpr int kQ4TileT = value_tile_keys(KvDtype::q4, 0);
-constexpr int kTileT = kQ8TileT > kQ4TileT ? kQ8TileT : kQ4TileT;
+constexpr int kTileT = value_tile_keys(KvDtype::q8, 0);  // keys scored per softmax step
+static_assert(value_tile_keys(KvDtype::q4, 0) == kTileT, "one tile size for q8 and q4");
 constexpr int kMaxHeadDim = 256;
 // K and V bytes fetched ahead of the kernel, in visits of one kv head's block: about one core's
 // share of the read bandwidth times the memory latency (measured best at 2-3 blocks of q4/q8 with
@@ -484,11 +482,14 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* quads, size_t hd, int n_q
   }
 }
 
-// The same for q4 value quads [n_quads][groups][16][4] bytes (nibbles taken as nibble - 8), one
-// ValueWeights per query and group. A unit is 4L bytes of one group: its low nibbles are
-// elements [32g + j0, + L), its high nibbles [32g + 16 + j0, + L).
+// Quads of q4 values whose int16 pair sums stay exact without VNNI (see AccumulateQuadsQ4).
+constexpr int kQ4Int16Quads = 8;
+
+// The same for the quads [k0, k1) of q4 value quads [n_quads][groups][16][4] bytes (nibbles taken
+// as nibble - 8), one ValueWeights per query and group. A unit is 4L bytes of one group: its low
+// nibbles are elements [32g + j0, + L), its high nibbles [32g + 16 + j0, + L).
 template <int NQ, int CU, class DF, class Fetch>
-HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, int n_quads,
+HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, int k0, int k1,
                                   const ValueWeights (*vw)[kMaxGroups], size_t u0, float (*acc)[kMaxHeadDim],
                                   Fetch& fetch) {
   const hn::RebindToSigned<DF> d32;
@@ -506,9 +507,9 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
   }
 #if FD_X86_MADD && !FD_X86_VNNI
   // Without VNNI, pmaddubsw's int16 pair sums, exact (|pair| <= 2 * 255 * 8 = 4080), are kept in
-  // int16 over the tile's quads and widened once: two instructions per 32 products instead of
-  // DotQuads' nine.
-  static_assert(kQ4TileT / 4 * 4080 <= 32767, "a tile's pair sums must fit int16");
+  // int16 over up to kQ4Int16Quads quads and widened once: two instructions per 32 products
+  // instead of DotQuads' nine.
+  static_assert(kQ4Int16Quads * 4080 <= 32767, "the pair sums must fit int16");
   const hn::Repartition<int16_t, decltype(d32)> d16;
   using VA = hn::Vec<decltype(d16)>;
 #else
@@ -522,7 +523,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
   const auto low = hn::Set(d8, 15);
   const hn::RebindToSigned<decltype(d8)> di8;
   const auto eight = hn::Set(di8, 8);
-  for (int k = 0; k < n_quads; ++k) {
+  for (int k = k0; k < k1; ++k) {
     fetch.Next();
     const uint8_t* quad = quads + static_cast<size_t>(k) * groups * 64;
     VI lo[CU], hi[CU];
@@ -671,9 +672,17 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       const size_t units = hd / (2 * L);
       const uint8_t* quads = vd + tb / 4 * groups * 64;
       PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(n_quads));
-      ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
-        AccumulateQuadsQ4<NQ, decltype(width)::value>(df, quads, groups, n_quads, st.vw, u, st.acc, next_values);
-      });
+#if FD_X86_MADD && !FD_X86_VNNI
+      constexpr int kRun = kQ4Int16Quads;
+#else
+      constexpr int kRun = TT / 4;
+#endif
+      for (int k0 = 0; k0 < n_quads; k0 += kRun) {
+        ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
+          AccumulateQuadsQ4<NQ, decltype(width)::value>(df, quads, groups, k0, std::min(n_quads, k0 + kRun), st.vw,
+                                                        u, st.acc, next_values);
+        });
+      }
     } else {
       constexpr int CQ = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;  // chunks per pass
       const auto* quads = reinterpret_cast<const int8_t*>(vd) + tb / 4 * hd * 4;
@@ -733,7 +742,7 @@ void RunQuantGroupTiles(DK dk, DF df, const Tile* t, const int* kvh, int n, cons
 
 template <bool kQ4, class DK, class DF>
 void RunQuantGroup(DK dk, DF df, const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int hd) {
-  RunQuantGroupTiles<kQ4, kQ4 ? kQ4TileT : kQ8TileT>(dk, df, t, kvh, n, kv, hb, hd);
+  RunQuantGroupTiles<kQ4, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
 }
 
 // Picks the widest vectors whose chunks divide the head.

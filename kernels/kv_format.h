@@ -37,14 +37,11 @@ enum class KvPart : uint8_t { key, value };
 // Rows of a q4 value block whose scales sit side by side per group (see the layouts above).
 constexpr int kValueTileKeys = 16;
 
-// Keys per tile of the quantized formats' value weights, a multiple of kValueTileKeys: 64 for q8
-// and 32 for q4, where a tile's softmax and weight rounding weigh most. One core of AMD EPYC
-// (Zen 3), KV in L2: q4 hd128 GQA 4 read 4.5 GB/s with 16-key tiles and 5.5 with 32; q8 hd64
-// GQA 4 6.1 with 16, 7.0 with 32, and 64 read 11 % more than 32. (q4 stays at 32: its int16
-// value sums hold at most 8 quads.)
-constexpr int value_tile_keys(KvDtype dtype, int /*head_dim*/) {
-  return dtype == KvDtype::q8 ? 4 * kValueTileKeys : 2 * kValueTileKeys;
-}
+// Keys per tile of the quantized formats' value weights, a multiple of kValueTileKeys: 64, where
+// a tile's softmax and weight rounding weigh little. One core of AMD EPYC (Zen 3), KV in L2, GQA 4:
+// q4 hd128 read 4.5 GB/s with 16-key tiles, 5.5 with 32 and 5.4-5.8 with 64; q8 hd64 6.1 with 16,
+// about 7 with 32 and 11 % more with 64.
+constexpr int value_tile_keys(KvDtype /*dtype*/, int /*head_dim*/) { return 4 * kValueTileKeys; }
 
 class KvFormat {
  public:
