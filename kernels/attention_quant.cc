@@ -726,23 +726,18 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
     for (int j = 0; j < NQ; ++j) StoreNormalized(df, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
 }
 
-template <bool kQ4, int TT, class DK, class DF>
-void RunQuantGroupTiles(DK dk, DF df, const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int hd) {
-  switch (t[0].n) {
-    case 1: return AttendGroupQuant<kQ4, 1, TT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 2: return AttendGroupQuant<kQ4, 2, TT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 3: return AttendGroupQuant<kQ4, 3, TT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 4: return AttendGroupQuant<kQ4, 4, TT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 5: return AttendGroupQuant<kQ4, 5, TT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 6: return AttendGroupQuant<kQ4, 6, TT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 7: return AttendGroupQuant<kQ4, 7, TT>(dk, df, t, kvh, n, kv, hb, hd);
-    default: return AttendGroupQuant<kQ4, 8, TT>(dk, df, t, kvh, n, kv, hb, hd);
-  }
-}
-
 template <bool kQ4, class DK, class DF>
 void RunQuantGroup(DK dk, DF df, const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int hd) {
-  RunQuantGroupTiles<kQ4, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+  switch (t[0].n) {
+    case 1: return AttendGroupQuant<kQ4, 1, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 2: return AttendGroupQuant<kQ4, 2, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 3: return AttendGroupQuant<kQ4, 3, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 4: return AttendGroupQuant<kQ4, 4, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 5: return AttendGroupQuant<kQ4, 5, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 6: return AttendGroupQuant<kQ4, 6, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 7: return AttendGroupQuant<kQ4, 7, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+    default: return AttendGroupQuant<kQ4, 8, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+  }
 }
 
 // Picks the widest vectors whose chunks divide the head.
