@@ -126,8 +126,10 @@ HWY_INLINE __m512i MaddUbs(__m512i a, __m512i b) { return _mm512_maddubs_epi16(a
 HWY_INLINE __m512i MaddOnes(__m512i a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
 HWY_INLINE __m512i Madd16(__m512i a, __m512i b) { return _mm512_madd_epi16(a, b); }
 #endif
+#undef FD_X86_MADD
 #define FD_X86_MADD 1
 #else
+#undef FD_X86_MADD
 #define FD_X86_MADD 0
 #endif
 
@@ -147,10 +149,16 @@ HWY_INLINE V DotWords(V acc, V a, V b) {
   asm("%{evex%} vpdpwssd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
   return acc;
 }
+#undef FD_X86_VNNI
 #define FD_X86_VNNI 1
 #else
+#undef FD_X86_VNNI
 #define FD_X86_VNNI 0
 #endif
+
+// q4 value sums kept in int16 (AccumulateQuadsQ4), which bounds the quads summed per call.
+#undef FD_Q4_INT16_SUMS
+#define FD_Q4_INT16_SUMS (FD_X86_MADD && !FD_X86_VNNI)
 
 // int16 lane i = a[2i] * b[2i] + a[2i+1] * b[2i+1] for unsigned bytes a and signed b whose pair
 // sums fit int16 (pmaddubsw saturates): q4 keys, a in [0, 15] and int8 b (2 * 15 * 127 < 2^15);
@@ -482,7 +490,8 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* quads, size_t hd, int n_q
   }
 }
 
-// Quads of q4 values whose int16 pair sums stay exact without VNNI (see AccumulateQuadsQ4).
+// Quads of q4 values whose int16 pair sums stay exact without VNNI (see AccumulateQuadsQ4): the
+// most quads one call of it may sum.
 constexpr int kQ4Int16Quads = 8;
 
 // The same for the quads [k0, k1) of q4 value quads [n_quads][groups][16][4] bytes (nibbles taken
@@ -505,7 +514,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
     g[u] = unit / per_group;
     at[u] = unit % per_group * L;  // element offset of the unit's low half within its group
   }
-#if FD_X86_MADD && !FD_X86_VNNI
+#if FD_Q4_INT16_SUMS
   // Without VNNI, pmaddubsw's int16 pair sums, exact (|pair| <= 2 * 255 * 8 = 4080), are kept in
   // int16 over up to kQ4Int16Quads quads and widened once: two instructions per 32 products
   // instead of DotQuads' nine.
@@ -539,7 +548,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
 #pragma GCC unroll 8
       for (int u = 0; u < CU; ++u) {
         const VI w = QuadWeights(d32, vw[j][g[u]], k);
-#if FD_X86_MADD && !FD_X86_VNNI
+#if FD_Q4_INT16_SUMS
         a[u][0][j] = hn::Add(a[u][0][j], MulPairs(d8, hn::BitCast(d8, w), hn::BitCast(di8, lo[u])));
         a[u][1][j] = hn::Add(a[u][1][j], MulPairs(d8, hn::BitCast(d8, w), hn::BitCast(di8, hi[u])));
 #else
@@ -555,7 +564,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
       const auto f = hn::Set(df, vw[j][g[u]].factor);
       for (int h = 0; h < 2; ++h) {
         float* out = acc[j] + g[u] * 32 + at[u] + 16 * h;
-#if FD_X86_MADD && !FD_X86_VNNI
+#if FD_Q4_INT16_SUMS
         const VI sums = SumPairs(d32, a[u][h][j]);
 #else
         const VI sums = a[u][h][j];
@@ -672,7 +681,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       const size_t units = hd / (2 * L);
       const uint8_t* quads = vd + tb / 4 * groups * 64;
       PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(n_quads));
-#if FD_X86_MADD && !FD_X86_VNNI
+#if FD_Q4_INT16_SUMS
       constexpr int kRun = kQ4Int16Quads;
 #else
       constexpr int kRun = TT / 4;
