@@ -33,8 +33,7 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int kTileT = value_tile_keys(KvDtype::q8, 0);  // keys scored per softmax step
-static_assert(value_tile_keys(KvDtype::q4, 0) == kTileT, "one tile size for q8 and q4");
+constexpr int kTileT = kWeightTileKeys;  // keys scored per softmax step
 constexpr int kMaxHeadDim = 256;
 // K and V bytes fetched ahead of the kernel, in visits of one kv head's block: about one core's
 // share of the read bandwidth times the memory latency (measured best at 2-3 blocks of q4/q8 with

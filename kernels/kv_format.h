@@ -18,7 +18,7 @@
 //        x = (nibble - 8) * scale with scale = fp16(max|x in group| / 7).
 // Attention quantizes the scaled query once per call (q8: int16, q4: int8, one scale per query
 // vector) and scores keys with exact integer dot products. For the values it rounds, per query,
-// per tile of value_tile_keys() keys of a block (tiles start at multiples of it) and per scale group
+// per tile of kWeightTileKeys keys of a block (tiles start at multiples of it) and per scale group
 // (q8: the row, q4: 32 elements), the weights w = probability * scale to integers in [0, 255]
 // with one fp32 factor f = (largest probability) * (largest scale) / 255 of the tile, and
 // accumulates integer dot products with the stored integers; f then scales each tile's sums.
@@ -41,7 +41,7 @@ constexpr int kValueTileKeys = 16;
 // a tile's softmax and weight rounding weigh little. One core of AMD EPYC (Zen 3), KV in L2, GQA 4:
 // q4 hd128 read 4.5 GB/s with 16-key tiles, 5.5 with 32 and 5.4-5.8 with 64; q8 hd64 6.1 with 16,
 // about 7 with 32 and 11 % more with 64.
-constexpr int value_tile_keys(KvDtype /*dtype*/, int /*head_dim*/) { return 4 * kValueTileKeys; }
+constexpr int kWeightTileKeys = 4 * kValueTileKeys;
 
 class KvFormat {
  public:

@@ -325,7 +325,7 @@ double max_query_scale(const std::vector<float>& q, int hd, fd::kernels::KvDtype
 }
 
 // Standard deviation, per output element, of the error that rounding the value weights adds
-// (kernels/kv_format.h): per tile T of value_tile_keys() keys of a block and scale group, the
+// (kernels/kv_format.h): per tile T of kWeightTileKeys keys of a block and scale group, the
 // weights p_t * scale_t are rounded to multiples of f_T = max p * max scale / 255 (max scale over
 // the tile's cached rows, a bound on the kernel's), each error uniform in +-f_T / 2 and
 // independent, multiplying the stored integer v_t / scale_t; divided by the softmax denominator.
@@ -356,7 +356,7 @@ std::vector<double> weight_rounding_sigma(fd::kernels::KvDtype dt, const std::ve
       }
       for (auto& x : p) den += (x = std::exp(x - smax));
       std::vector<double> var(size_t(hd), 0.0);
-      const int tile = fd::kernels::value_tile_keys(dt, hd);
+      const int tile = fd::kernels::kWeightTileKeys;
       for (int b0 = 0; b0 < n; b0 += bt)
         for (int t0 = b0; t0 < std::min(b0 + bt, n); t0 += tile) {
           const int end = std::min({t0 + tile, b0 + bt, n});
