@@ -144,6 +144,12 @@ HWY_INLINE void ScoreTileRows(D d, const Rows& kr, size_t tb, int n, const float
   }
 }
 
+// Prefetch steps of ScoreTileRows for a tile of n keys: its passes.
+template <int NQ>
+constexpr size_t TileRowSteps(int n) {
+  return static_cast<size_t>(n / RowsPerPass<NQ>() + n % RowsPerPass<NQ>());
+}
+
 // Keys of one kv head's full block are stored transposed, [head_dim][block_tokens] (kv_format.h), so
 // that a vector holds one element of Lanes consecutive keys: a tile's scores come out key by key
 // in lanes, with no horizontal sum per key and query (with row-major keys those sums took 17 % of
@@ -311,8 +317,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
                               st.fetch_to);
       ScoreKeys<NQ>(dt, kt, tb, static_cast<size_t>(n), bt, st.qs, hd, st.s, next_keys);
     } else {
-      constexpr int TP = RowsPerPass<NQ>();
-      PacedPrefetch next_keys(kn, rows_begin, rows_end, static_cast<size_t>(n / TP + n % TP), st.fetch_to);
+      PacedPrefetch next_keys(kn, rows_begin, rows_end, TileRowSteps<NQ>(n), st.fetch_to);
       ScoreTileRows<NQ>(d, kr, tb, n, st.qs, hd, st.s, next_keys);
     }
     MaskInvisible<NQ>(st.s, tile.limit, st.min_limit, t0, n);
