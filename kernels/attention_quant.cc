@@ -227,6 +227,7 @@ struct QuantQuery {
   HWY_ALIGN int8_t lo[kMaxHeadDim / 2];   // q4: byte j of group g: element 32g + j ...
   HWY_ALIGN int8_t hi[kMaxHeadDim / 2];   // ... and element 32g + 16 + j, matching the nibbles
   HWY_ALIGN int32_t init[kMaxHeadDim / 8];  // q4: lane 4g holds -8 * (sum of group g), else 0
+  HWY_ALIGN int32_t init_rows[kMaxHeadDim / 8];  // q4: lanes [4g, 4g + 4) hold -8 * (sum of group g)
   // (q4 with head_dim 64: lo, hi and init hold their 32 bytes twice.)
 };
 
@@ -262,7 +263,10 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
         qq.hi[g * 16 + j] = static_cast<int8_t>(qi[g * 32 + 16 + j]);
         sum += qi[g * 32 + j] + qi[g * 32 + 16 + j];
       }
-      for (size_t i = 0; i < 4; ++i) qq.init[g * 4 + i] = i == 0 ? -8 * sum : 0;
+      for (size_t i = 0; i < 4; ++i) {
+        qq.init[g * 4 + i] = i == 0 ? -8 * sum : 0;
+        qq.init_rows[g * 4 + i] = -8 * sum;
+      }
     }
     if (hd == 64) {  // a second copy for ScoreQuadQ4Pairs, which scores two rows per vector
       std::copy_n(qq.lo, 32, qq.lo + 32);
@@ -273,6 +277,26 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
     for (size_t c = 0; c < hd; ++c) qq.q16[c] = static_cast<int16_t>(qi[c]);
   }
 }
+
+#if !FD_X86_VNNI
+// Lane i of block b of the int32 result = the sum of the int16 lanes of block b of p_i, for p_i
+// whose sums of four lanes fit int16: Sum4InBlocks's transpose, on lane pairs added in int16 and
+// widened once (one pmaddwd where summing each row first took four).
+template <class D32, class V16>
+HWY_INLINE hn::Vec<D32> SumRows4InBlocks(D32 d32, V16 p0, V16 p1, V16 p2, V16 p3) {
+  const hn::Repartition<int16_t, D32> d16;
+  const hn::Repartition<uint64_t, D32> d64;
+  const auto fold = [&](V16 a, V16 b) HWY_ATTR {  // int32 lane 2k + r: pairs k and k + 2 of row r
+    const auto a32 = hn::BitCast(d32, a), b32 = hn::BitCast(d32, b);
+    return hn::Add(hn::BitCast(d16, hn::InterleaveLower(d32, a32, b32)),
+                   hn::BitCast(d16, hn::InterleaveUpper(d32, a32, b32)));
+  };
+  const auto x01 = hn::BitCast(d64, fold(p0, p1)), x23 = hn::BitCast(d64, fold(p2, p3));
+  const auto sums = hn::Add(hn::BitCast(d16, hn::InterleaveLower(d64, x01, x23)),
+                            hn::BitCast(d16, hn::InterleaveUpper(d64, x01, x23)));
+  return SumPairs(d32, sums);
+}
+#endif
 
 // s[j][col + i] = score of query j against key row rows[i] (i < 4) of a q4 head block, whose
 // four rows share the scale quad `scales` ([groups][4] fp16). DK: bytes per chunk (16, 32 or 64).
@@ -300,18 +324,23 @@ HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const 
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
       const auto ql = hn::Load(di8, qq[j].lo + c), qh = hn::Load(di8, qq[j].hi + c);
+#if FD_X86_VNNI
+      // The same sums as below (exact either way), four bytes per lane in two instructions.
       const auto init = hn::Load(d32, qq[j].init + c / 4);
       hn::Vec<decltype(d32)> a[4];
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-#if FD_X86_VNNI
-        // The same four-byte sums as below (exact either way), in two instructions.
+      for (int i = 0; i < 4; ++i)
         a[i] = hn::Vec<decltype(d32)>{DotBytes(DotBytes(init.raw, lo[i].raw, ql.raw), hi[i].raw, qh.raw)};
+      const auto r = Sum4InBlocks(d32, a[0], a[1], a[2], a[3]);
 #else
-        a[i] = hn::Add(init, SumPairs(d32, hn::Add(MulPairs(dk, lo[i], ql), MulPairs(dk, hi[i], qh))));
+      // int16 lanes of at most 2 * 2 * 15 * 127 = 7620, so four of them sum exactly in int16.
+      static_assert(4 * 2 * 2 * 15 * kQ4Levels <= 32767.0f, "four lanes must sum within int16");
+      hn::Vec<hn::Repartition<int16_t, DK>> p[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) p[i] = hn::Add(MulPairs(dk, lo[i], ql), MulPairs(dk, hi[i], qh));
+      const auto r = hn::Add(SumRows4InBlocks(d32, p[0], p[1], p[2], p[3]), hn::Load(d32, qq[j].init_rows + c / 4));
 #endif
-      }
-      const auto r = Sum4InBlocks(d32, a[0], a[1], a[2], a[3]);  // block g lane i: group g of row i
+      // r: block g lane i holds group g of row i.
       f[j] = hn::MulAdd(hn::ConvertTo(df, r), sc, f[j]);
     }
   }
