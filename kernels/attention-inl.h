@@ -174,7 +174,10 @@ HWY_INLINE void MaskInvisible(float (*s)[T], const int* limit, int min_limit, in
 template <class D>
 HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
   const hn::RebindToSigned<D> di;
-  x = hn::Max(hn::Set(d, -88.0f), x);  // (x86 returns the second operand for a NaN: it stays NaN)
+  // Not Max: which operand it returns for a NaN differs by target (the scalar one drops the NaN),
+  // and a NaN score must stay NaN.
+  const auto lowest = hn::Set(d, -88.0f);
+  x = hn::IfThenElse(hn::Lt(x, lowest), lowest, x);
   // n = round(x / ln 2) lands in the low mantissa bits of t: 1.5 * 2^23 has an ulp of 1.
   const auto magic = hn::Set(d, 12582912.0f);
   const auto t = hn::MulAdd(x, hn::Set(d, 1.442695040888963407359924681f), magic);

@@ -43,6 +43,13 @@ constexpr float kQ8Levels = 32767.0f;  // q8 queries are int16: |sum| <= 256 * 1
 constexpr float kQ4Levels = 127.0f;    // q4 queries are int8 (u8 x i8 pair sums fit int16)
 
 
+// A query with a NaN or an infinity: integers 0 and a NaN scale, so that its scores, and so its
+// output, are NaN on every target, as with fp16 KV (a max over the query would drop the NaN).
+float NonFiniteQuery(size_t hd, int32_t* qi) {
+  std::fill(qi, qi + hd, 0);
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
 // The query transform of the quantized formats: x = q * fl(1/sqrt(head_dim)) in fp32, rounded to
 // integers qi in [-levels, levels] with one scale per vector; returns the scale (x ~ qi * scale).
 float QuantizeQueryInts(const float* q, size_t hd, float levels, int32_t* qi) {
@@ -51,6 +58,7 @@ float QuantizeQueryInts(const float* q, size_t hd, float levels, int32_t* qi) {
   float amax = 0.0f;
   for (size_t c = 0; c < hd; ++c) {
     x[c] = q[c] * scale;
+    if (!std::isfinite(x[c])) return NonFiniteQuery(hd, qi);
     amax = std::max(amax, std::fabs(x[c]));
   }
   const float qscale = amax / levels;
@@ -240,7 +248,13 @@ HWY_INLINE float QuantizeQueryIntsVec(DF df, const float* q, size_t hd, float le
   const hn::RebindToSigned<DF> di;
   const auto scale = hn::Set(df, 1.0f / std::sqrt(static_cast<float>(hd)));
   auto vmax = hn::Zero(df);
-  for (size_t c = 0; c < hd; c += L) vmax = hn::Max(vmax, hn::Abs(hn::Mul(hn::LoadU(df, q + c), scale)));
+  auto finite = hn::FirstN(df, L);
+  for (size_t c = 0; c < hd; c += L) {
+    const auto x = hn::Mul(hn::LoadU(df, q + c), scale);
+    vmax = hn::Max(vmax, hn::Abs(x));
+    finite = hn::And(finite, hn::IsFinite(x));
+  }
+  if (!hn::AllTrue(df, finite)) return NonFiniteQuery(hd, qi);
   const float qscale = hn::GetLane(hn::MaxOfLanes(df, vmax)) / levels;
   const auto inv = hn::Set(df, qscale > 0.0f ? 1.0f / qscale : 0.0f);
   const auto hi = hn::Set(di, static_cast<int32_t>(levels)), lo = hn::Neg(hi);

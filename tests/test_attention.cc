@@ -178,6 +178,14 @@ TEST_CASE("softmax_exp is within 2 ulp of exp on every SIMD target", "[attention
     CHECK(worst <= 2.0);
     CHECK(y[0] == 1.0f);
     CHECK(y[x.size() - 2] == 0.0f);  // -inf
+    // A NaN score (a NaN in q or K) must reach the output, not turn into a zero weight: in a
+    // vector and in the single-lane tail.
+    std::vector<float> nan_in(17, -1.0f), nan_out(17);
+    nan_in[3] = nan_in[16] = std::numeric_limits<float>::quiet_NaN();
+    fd::kernels::softmax_exp(nan_in.data(), nan_out.data(), nan_in.size());
+    CHECK(std::isnan(nan_out[3]));
+    CHECK(std::isnan(nan_out[16]));
+    CHECK(nan_out[4] == Approx(std::exp(-1.0)));
   }
   hwy::SetSupportedTargetsForTest(0);
 }
@@ -544,6 +552,32 @@ TEST_CASE("quantized attention gives the same answer on every SIMD target", "[at
       size_t bad = 0;
       for (size_t i = 0; i < out.size(); ++i) bad += !(std::fabs(out[i] - ref[i]) <= tol[i]);
       CHECK(bad == 0);
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
+TEST_CASE("a NaN in one query head makes that head's output NaN and no other head's on every SIMD target",
+          "[attention]") {
+  using fd::kernels::KvDtype;
+  for (auto [dt, hd] : {std::pair{KvDtype::f16, 64}, {KvDtype::q8, 64}, {KvDtype::q8, 20}, {KvDtype::q4, 64},
+                        {KvDtype::q4, 32}}) {
+    const QuantKv kv(dt, 2, hd, 16, 50, 7);
+    auto q = random_q(size_t(8) * hd, 2.0f, 8);
+    q[size_t(1) * hd + 5] = std::numeric_limits<float>::quiet_NaN();  // head 1 (kv head 0)
+    std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+    if (hwy::SupportedTargets() & HWY_AVX3_DL) targets.push_back(HWY_AVX3_DL);
+    for (int64_t target : targets) {
+      hwy::SetSupportedTargetsForTest(target);
+      INFO("target " << hwy::TargetName(target) << " " << fd::kernels::kv_dtype_name(dt) << " hd " << hd);
+      std::vector<float> out(q.size());
+      fd::kernels::attention(q.data(), 1, 49, kv.view(), {8, 2, hd}, out.data());
+      for (int h = 0; h < 8; ++h) {
+        INFO("head " << h);
+        size_t nan = 0;
+        for (int i = 0; i < hd; ++i) nan += std::isnan(out[size_t(h) * hd + i]);
+        CHECK(nan == (h == 1 ? size_t(hd) : 0));
+      }
     }
     hwy::SetSupportedTargetsForTest(0);
   }
