@@ -56,20 +56,21 @@ class F16Format final : public KvFormatBase {
     std::memcpy(row, hb + size_t(t) * hd * sizeof(uint16_t), size_t(hd) * sizeof(uint16_t));
     f16_to_f32(row, dst, size_t(hd));
   }
-  void seal(KvPart part, uint8_t* hb, int hd, int bt) const override {
-    if (part == KvPart::key) transpose(hb, size_t(bt), size_t(hd));
+  void seal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
+    if (part == KvPart::key) transpose(hb, size_t(bt), size_t(hd), scratch);
   }
-  void unseal(KvPart part, uint8_t* hb, int hd, int bt) const override {
-    if (part == KvPart::key) transpose(hb, size_t(hd), size_t(bt));
+  void unseal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
+    if (part == KvPart::key) transpose(hb, size_t(hd), size_t(bt), scratch);
   }
 
  private:
-  // x [rows][cols] fp16 -> [cols][rows], in place.
-  static void transpose(uint8_t* x, size_t rows, size_t cols) {
-    std::vector<uint16_t> a(rows * cols);
-    std::memcpy(a.data(), x, a.size() * sizeof(uint16_t));
+  // x [rows][cols] fp16 -> [cols][rows], in place by way of scratch [rows * cols].
+  static void transpose(uint8_t* x, size_t rows, size_t cols, uint8_t* scratch) {
+    const size_t bytes = rows * cols * sizeof(uint16_t);
+    std::memcpy(scratch, x, bytes);
     for (size_t r = 0; r < rows; ++r)
-      for (size_t c = 0; c < cols; ++c) std::memcpy(x + (c * rows + r) * sizeof(uint16_t), &a[r * cols + c], sizeof(uint16_t));
+      for (size_t c = 0; c < cols; ++c)
+        std::memcpy(x + (c * rows + r) * sizeof(uint16_t), scratch + (r * cols + c) * sizeof(uint16_t), sizeof(uint16_t));
   }
 };
 

@@ -62,8 +62,12 @@ class KvFormat {
   // a block sealed exactly when all its block_tokens rows lie below the sequence's length. Only
   // f16 keys change layout (transposed, written row by row while the block fills: one 2-byte store
   // per row of the transposed block cost 1.5 us per hd128 key row from memory, against 0.2).
-  virtual void seal(KvPart, uint8_t* /*head_block*/, int /*head_dim*/, int /*block_tokens*/) const {}
-  virtual void unseal(KvPart, uint8_t* /*head_block*/, int /*head_dim*/, int /*block_tokens*/) const {}
+  // scratch: head_block_bytes(block_tokens, head_dim) bytes the format may overwrite, so that
+  // sealing allocates nothing and cannot fail halfway through a block's heads.
+  virtual void seal(KvPart, uint8_t* /*head_block*/, int /*head_dim*/, int /*block_tokens*/,
+                    uint8_t* /*scratch*/) const {}
+  virtual void unseal(KvPart, uint8_t* /*head_block*/, int /*head_dim*/, int /*block_tokens*/,
+                      uint8_t* /*scratch*/) const {}
   // Attention of every query row and head reading kv heads [kvh_begin, kvh_end); arguments as in
   // attention(). kv.dtype must be dtype().
   virtual void attend(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d,

@@ -43,6 +43,7 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
                 std::to_string(cfg.head_dim) + ".");
   head_bytes_ = format_->head_block_bytes(cfg.block_tokens, cfg.head_dim);
   layer_bytes_ = static_cast<size_t>(cfg.n_kv_heads) * head_bytes_;
+  seal_scratch_.resize(head_bytes_);
   const size_t raw = static_cast<size_t>(cfg.n_layers) * 2 * layer_bytes_;
   page_bytes_ = (raw + kPageAlign - 1) / kPageAlign * kPageAlign;
   total_pages_ = cfg.capacity_bytes / page_bytes_;
@@ -152,9 +153,9 @@ void KvStore::set_sealed(const uint8_t* k, const uint8_t* v, bool sealed) {
     for (auto [part, d] : {std::pair{kernels::KvPart::key, kd}, {kernels::KvPart::value, vd}}) {
       uint8_t* hb = d + h * head_bytes_;
       if (sealed)
-        format_->seal(part, hb, cfg_.head_dim, cfg_.block_tokens);
+        format_->seal(part, hb, cfg_.head_dim, cfg_.block_tokens, seal_scratch_.data());
       else
-        format_->unseal(part, hb, cfg_.head_dim, cfg_.block_tokens);
+        format_->unseal(part, hb, cfg_.head_dim, cfg_.block_tokens, seal_scratch_.data());
     }
 }
 

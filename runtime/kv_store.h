@@ -83,6 +83,7 @@ class KvStore {
   // write), so pages never move and block pointers stay valid.
   std::unique_ptr<uint8_t, Unmap> arena_;
   std::vector<uint32_t> free_;  // free page indices; the lowest index is at the back
+  std::vector<uint8_t> seal_scratch_;  // [head_bytes_]: KvFormat::seal's scratch
   std::unordered_map<uint64_t, Seq> seqs_;
 };
 

@@ -272,11 +272,12 @@ struct QuantKv {
         f.decode_row(fd::kernels::KvPart::value, vh, hd, bt, t % bt, row.data());
         for (int i = 0; i < hd; ++i) vq[(size_t(t) * nkv + h) * hd + i] = row[size_t(i)];
       }
+    std::vector<uint8_t> scratch(hb);
     for (int b = 0; b < blocks; ++b) {
       if ((b + 1) * bt <= n)  // full blocks are sealed, as the store does
         for (int h = 0; h < nkv; ++h) {
-          f.seal(fd::kernels::KvPart::key, kb[size_t(b)].data() + size_t(h) * hb, hd, bt);
-          f.seal(fd::kernels::KvPart::value, vb[size_t(b)].data() + size_t(h) * hb, hd, bt);
+          f.seal(fd::kernels::KvPart::key, kb[size_t(b)].data() + size_t(h) * hb, hd, bt, scratch.data());
+          f.seal(fd::kernels::KvPart::value, vb[size_t(b)].data() + size_t(h) * hb, hd, bt, scratch.data());
         }
       kp.push_back(kb[size_t(b)].data());
       vp.push_back(vb[size_t(b)].data());
