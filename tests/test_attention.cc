@@ -16,6 +16,7 @@
 #include "kernels/kv_format.h"
 #include "kernels/ops.h"
 #include "kernels/thread_pool.h"
+#include "tests/f16_block_layout.h"
 
 namespace {
 
@@ -55,10 +56,10 @@ struct TestKv {
           float pair[2] = {dist(rng), dist(rng)};
           uint16_t half[2];
           fd::kernels::f32_to_f16(pair, half, 2);
-          const bool sealed = (t / bt + 1) * bt <= n;  // a full block's keys are transposed
-          kb[size_t(t / bt)][sealed ? (size_t(h) * hd + i) * bt + t % bt : (size_t(h) * bt + t % bt) * hd + i] =
-              half[0];
-          vb[size_t(t / bt)][(size_t(h) * bt + t % bt) * hd + i] = half[1];
+          kb[size_t(t / bt)][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), size_t(hd), size_t(bt),
+                                                         size_t(n))] = half[0];
+          vb[size_t(t / bt)][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), size_t(hd), size_t(bt))] =
+              half[1];
           const size_t at = (size_t(t) * nkv + h) * hd + i;
           k16[at] = half[0];
           v16[at] = half[1];

@@ -7,6 +7,7 @@
 
 #include "kernels/attention.h"
 #include "runtime/kv_store.h"
+#include "tests/f16_block_layout.h"
 
 namespace {
 
@@ -50,10 +51,9 @@ void check_contents(const fd::KvStore& s, uint64_t seq, int layer) {
     for (int h = 0; h < c.n_kv_heads; ++h)
       for (int i = 0; i < c.head_dim; ++i) {
         const size_t bt = size_t(c.block_tokens), hd = size_t(c.head_dim), b = size_t(t) / bt;
-        const bool sealed = (b + 1) * bt <= size_t(kv.len);  // a full block's keys are transposed
-        const size_t k_at = sealed ? (h * hd + i) * bt + t % bt : (h * bt + t % bt) * hd + i;
-        bad += kv.k[b][k_at] != tag(seq, layer, 0, t, h, i);
-        bad += kv.v[b][(h * bt + t % bt) * hd + i] != tag(seq, layer, 1, t, h, i);
+        bad += kv.k[b][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), hd, bt, size_t(kv.len))] !=
+               tag(seq, layer, 0, t, h, i);
+        bad += kv.v[b][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), hd, bt)] != tag(seq, layer, 1, t, h, i);
       }
   CHECK(bad == 0);
 }
@@ -236,16 +236,14 @@ TEST_CASE("attention over a KvStore view matches attention over the same blocks"
   }
   s.append(3, 0, 0, k.data(), v.data(), 20);
   s.append(3, 0, 20, k.data() + 20 * 128, v.data() + 20 * 128, len - 20);
-  // The same data laid out by hand: block b, head h, token t, element i of the values at
-  // (h * 16 + t % 16) * 64 + i, of the keys there too in the last (partial) block and at
-  // (h * 64 + i) * 16 + t % 16 in the full ones.
+  // The same data laid out by hand (tests/f16_block_layout.h).
   std::vector<std::vector<uint16_t>> kb(4, std::vector<uint16_t>(2 * 16 * 64)), vb = kb;
   for (int t = 0; t < len; ++t)
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 64; ++i) {
-        const bool sealed = (t / 16 + 1) * 16 <= len;
-        kb[t / 16][sealed ? (h * 64 + i) * 16 + t % 16 : (h * 16 + t % 16) * 64 + i] = k[(size_t(t) * 2 + h) * 64 + i];
-        vb[t / 16][(h * 16 + t % 16) * 64 + i] = v[(size_t(t) * 2 + h) * 64 + i];
+        kb[t / 16][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), 64, 16, size_t(len))] =
+            k[(size_t(t) * 2 + h) * 64 + i];
+        vb[t / 16][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), 64, 16)] = v[(size_t(t) * 2 + h) * 64 + i];
       }
   std::vector<const uint16_t*> kp, vp;
   for (int b = 0; b < 4; ++b) {
