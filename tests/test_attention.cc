@@ -436,6 +436,22 @@ namespace {
 // One case through attention() and through attention_batch on 1 and 2 threads (bit-identical),
 // checked against the decoded values and against the fp16 originals.
 // q_range: queries are uniform in +-q_range (larger: more sharply peaked attention).
+// Calls fn(target) with each SIMD target the attention kernels were built for and this CPU runs,
+// selected (the quantized kernels also build AVX3_DL, VNNI, which this file's target list lacks);
+// then restores the default, also when fn throws.
+template <class Fn>
+void for_each_kernel_target(const Fn& fn) {
+  struct Restore {
+    ~Restore() { hwy::SetSupportedTargetsForTest(0); }
+  } restore;
+  std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  if (hwy::SupportedTargets() & HWY_AVX3_DL) targets.push_back(HWY_AVX3_DL);
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    fn(target);
+  }
+}
+
 void check_quant_case(fd::kernels::KvDtype dt, int len, int hd, int gqa, int n_q, int bt, uint32_t seed,
                       float q_range = 2.0f) {
   INFO(fd::kernels::kv_dtype_name(dt) << " hd " << hd << " len " << len << " n_q " << n_q << " gqa " << gqa
@@ -543,19 +559,14 @@ TEST_CASE("quantized attention gives the same answer on every SIMD target", "[at
     reference_scaled(transformed_q(q, hd, dt), 3, 47, kv.decoded(), 8, ref, tol);
     const auto weights = weight_rounding_sigma(dt, transformed_q(q, hd, dt), 3, 47, kv.decoded(), 8);
     for (size_t i = 0; i < tol.size(); ++i) tol[i] += 6 * weights[i];
-    // The quantized kernels also build AVX3_DL (VNNI), which this file's target list lacks.
-    std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-    if (hwy::SupportedTargets() & HWY_AVX3_DL) targets.push_back(HWY_AVX3_DL);
-    for (int64_t target : targets) {
-      hwy::SetSupportedTargetsForTest(target);
+    for_each_kernel_target([&](int64_t target) {
       INFO("target " << hwy::TargetName(target) << " " << fd::kernels::kv_dtype_name(dt) << " hd " << hd);
       std::vector<float> out(q.size());
       fd::kernels::attention(q.data(), 3, 47, kv.view(), {8, 2, hd}, out.data());
       size_t bad = 0;
       for (size_t i = 0; i < out.size(); ++i) bad += !(std::fabs(out[i] - ref[i]) <= tol[i]);
       CHECK(bad == 0);
-    }
-    hwy::SetSupportedTargetsForTest(0);
+    });
   }
 }
 
@@ -567,10 +578,7 @@ TEST_CASE("a NaN in one query head makes that head's output NaN and no other hea
     const QuantKv kv(dt, 2, hd, 16, 50, 7);
     auto q = random_q(size_t(8) * hd, 2.0f, 8);
     q[size_t(1) * hd + 5] = std::numeric_limits<float>::quiet_NaN();  // head 1 (kv head 0)
-    std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-    if (hwy::SupportedTargets() & HWY_AVX3_DL) targets.push_back(HWY_AVX3_DL);
-    for (int64_t target : targets) {
-      hwy::SetSupportedTargetsForTest(target);
+    for_each_kernel_target([&](int64_t target) {
       INFO("target " << hwy::TargetName(target) << " " << fd::kernels::kv_dtype_name(dt) << " hd " << hd);
       std::vector<float> out(q.size());
       fd::kernels::attention(q.data(), 1, 49, kv.view(), {8, 2, hd}, out.data());
@@ -580,8 +588,7 @@ TEST_CASE("a NaN in one query head makes that head's output NaN and no other hea
         for (int i = 0; i < hd; ++i) nan += std::isnan(out[size_t(h) * hd + i]);
         CHECK(nan == (h == 1 ? size_t(hd) : 0));
       }
-    }
-    hwy::SetSupportedTargetsForTest(0);
+    });
   }
 }
 
