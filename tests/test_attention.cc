@@ -431,11 +431,40 @@ TEST_CASE("quantized KV formats stay within half a quantization step", "[attenti
   CHECK_FALSE(fd::kernels::parse_kv_dtype("int4", &parsed));
 }
 
+TEST_CASE("a quantized row with a NaN or an infinity decodes to NaN and leaves its block's other rows",
+          "[attention]") {
+  using fd::kernels::KvDtype;
+  const int hd = 64, bt = 4;
+  for (KvDtype dt : {KvDtype::q8, KvDtype::q4})
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+      for (auto part : {fd::kernels::KvPart::key, fd::kernels::KvPart::value}) {
+        const auto& f = fd::kernels::kv_format(dt);
+        INFO(f.name() << " " << bad << (part == fd::kernels::KvPart::key ? " key" : " value"));
+        std::vector<uint8_t> block(f.head_block_bytes(bt, hd));
+        std::vector<float> x(hd);
+        for (int i = 0; i < hd; ++i) x[size_t(i)] = 0.01f * float(i - 30);
+        std::vector<uint16_t> good(hd), poisoned(hd);
+        fd::kernels::f32_to_f16(x.data(), good.data(), x.size());
+        x[40] = bad;  // in the second q4 scale group
+        fd::kernels::f32_to_f16(x.data(), poisoned.data(), x.size());
+        f.encode_row(part, good.data(), hd, bt, 0, block.data());
+        f.encode_row(part, poisoned.data(), hd, bt, 1, block.data());
+        std::vector<float> row0(hd), row1(hd);
+        f.decode_row(part, block.data(), hd, bt, 0, row0.data());
+        f.decode_row(part, block.data(), hd, bt, 1, row1.data());
+        size_t nan = 0, off = 0;
+        for (int i = 0; i < hd; ++i) {
+          nan += std::isnan(row1[size_t(i)]);
+          off += !(std::fabs(row0[size_t(i)] - 0.01f * float(i - 30)) <= half_step(dt, 0.34) + 1e-3);
+        }
+        // q8: one scale per row; q4: one per group of 32, and the other group stays finite.
+        CHECK(nan == (dt == KvDtype::q8 ? size_t(hd) : size_t(32)));
+        CHECK(off == 0);
+      }
+}
+
 namespace {
 
-// One case through attention() and through attention_batch on 1 and 2 threads (bit-identical),
-// checked against the decoded values and against the fp16 originals.
-// q_range: queries are uniform in +-q_range (larger: more sharply peaked attention).
 // Calls fn(target) with each SIMD target the attention kernels were built for and this CPU runs,
 // selected (the quantized kernels also build AVX3_DL, VNNI, which this file's target list lacks);
 // then restores the default, also when fn throws.
@@ -452,6 +481,9 @@ void for_each_kernel_target(const Fn& fn) {
   }
 }
 
+// One case through attention() and through attention_batch on 1 and 2 threads (bit-identical),
+// checked against the decoded values and against the fp16 originals.
+// q_range: queries are uniform in +-q_range (larger: more sharply peaked attention).
 void check_quant_case(fd::kernels::KvDtype dt, int len, int hd, int gqa, int n_q, int bt, uint32_t seed,
                       float q_range = 2.0f) {
   INFO(fd::kernels::kv_dtype_name(dt) << " hd " << hd << " len " << len << " n_q " << n_q << " gqa " << gqa

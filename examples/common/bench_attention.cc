@@ -95,7 +95,9 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
                  "the KV bytes read, tokens/s the sequences served per second for that layer, ratio\n"
                  "is GB/s over the streaming read bandwidth of the same threads (median of 3 full reads of\n"
                  "--stream-size, taken right after each case). Layers of the same shape are read in\n"
-                 "turn (--cold-size), so that, as in decoding, a layer's KV is not still in cache.\n";
+                 "turn (--cold-size), so that, as in decoding, a layer's KV is not still in cache.\n"
+                 "append us is the store's time to append one decode token's K and V (all kv heads) to\n"
+                 "one sequence and layer, on one thread, block seals included (per dtype and head_dim).\n";
     return false;
   }
   const bool quick = vm["quick"].as<bool>();
@@ -236,6 +238,47 @@ CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::K
   return r;
 }
 
+// Microseconds the store takes to append one decode token (the K and V rows of every kv head) to
+// one sequence's layer: the R-worker's work per sequence and layer besides attention (q8/q4
+// quantize the rows). Averaged over block_tokens tokens each of kSeqs sequences, so that every
+// block is sealed once (f16 transposes its keys then); the median of 3 rounds after a first that
+// also faults the pages in.
+double append_us(const BenchOptions& o, kernels::KvDtype dtype, int head_dim) {
+  constexpr int kSeqs = 64;
+  const kernels::KvFormat& fmt = kernels::kv_format(dtype);
+  if (!fmt.supports(head_dim)) return 0.0;
+  KvStoreConfig cfg;
+  cfg.n_layers = 1;
+  cfg.n_kv_heads = o.kv_heads;
+  cfg.head_dim = head_dim;
+  cfg.block_tokens = o.block_tokens;
+  cfg.dtype = dtype;
+  cfg.capacity_bytes = (2 * o.kv_heads * fmt.head_block_bytes(o.block_tokens, head_dim) + 63) / 64 * 64 * kSeqs;
+  KvStore store(cfg);
+  std::mt19937 rng(static_cast<uint32_t>(head_dim));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
+  std::vector<float> f(static_cast<size_t>(o.block_tokens) * row);
+  std::vector<uint16_t> k(f.size()), v(f.size());
+  for (auto& x : f) x = dist(rng);
+  kernels::f32_to_f16(f.data(), k.data(), f.size());
+  for (auto& x : f) x = dist(rng);
+  kernels::f32_to_f16(f.data(), v.data(), f.size());
+  std::vector<double> rounds;
+  for (int round = 0; round < 4; ++round) {
+    for (int s = 0; s < kSeqs; ++s) {
+      store.drop(static_cast<uint64_t>(s));
+      store.reserve(static_cast<uint64_t>(s), o.block_tokens);
+    }
+    const auto t0 = Clock::now();
+    for (int t = 0; t < o.block_tokens; ++t)
+      for (int s = 0; s < kSeqs; ++s)
+        store.append(static_cast<uint64_t>(s), 0, t, k.data() + t * row, v.data() + t * row, 1);
+    if (round > 0) rounds.push_back(seconds_since(t0) * 1e6 / (kSeqs * o.block_tokens));
+  }
+  return median(rounds);
+}
+
 }  // namespace
 
 int bench_attention_main(int argc, char** argv) {
@@ -247,12 +290,13 @@ int bench_attention_main(int argc, char** argv) {
     std::printf("threads %d, kv heads %d, block %d tokens; layers read in turn up to %.0f MiB of KV; "
                 "stream read bandwidth %.1f GB/s (re-measured per case)\n",
                 o.threads, o.kv_heads, o.block_tokens, double(o.cold_bytes) / (1 << 20), probe.gbps(pool, 7));
-    std::printf("%-5s %4s %4s %6s %6s %9s %8s %7s %6s %12s\n", "kv", "hd", "gqa", "ctx", "batch",
-                "KV MiB", "GB/s", "stream", "ratio", "tokens/s");
+    std::printf("%-5s %4s %4s %6s %6s %9s %8s %7s %6s %12s %10s\n", "kv", "hd", "gqa", "ctx", "batch",
+                "KV MiB", "GB/s", "stream", "ratio", "tokens/s", "append us");
   }
   int skipped = 0;
   for (auto dtype : o.dtypes)
-    for (int hd : o.head_dims)
+    for (int hd : o.head_dims) {
+      const double append = append_us(o, dtype, hd);
       for (int gqa : o.gqas)
         for (int ctx : o.ctxs)
           for (int batch : o.batches) {
@@ -279,15 +323,17 @@ int bench_attention_main(int argc, char** argv) {
                   .add("gbps", gbps)
                   .add("stream_gbps", stream)
                   .add("ratio", gbps / stream)
-                  .add("tokens_per_s", tps);
+                  .add("tokens_per_s", tps)
+                  .add("append_us", append);
               std::cout << line.str() << std::endl;
             } else {
-              std::printf("%-5s %4d %4d %6d %6d %9.1f %8.2f %7.2f %6.3f %12.0f\n",
+              std::printf("%-5s %4d %4d %6d %6d %9.1f %8.2f %7.2f %6.3f %12.0f %10.2f\n",
                           kernels::kv_dtype_name(dtype), hd, gqa, ctx, batch, r.kv_bytes / (1 << 20), gbps,
-                          stream, gbps / stream, tps);
+                          stream, gbps / stream, tps, append);
               std::fflush(stdout);
             }
           }
+    }
   if (skipped > 0)
     std::fprintf(stderr, "%d case(s) skipped: KV larger than --max-kv, or head_dim unsupported by the dtype\n",
                  skipped);
