@@ -690,6 +690,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     float smax[kQ4 ? kMaxGroups : 1];
     for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
       auto vmax = hn::Zero(dt);
+      auto nan = hn::FirstN(dt, 0);
       for (int c = 0; c < chunks; ++c) {
         const size_t t = static_cast<size_t>(c) * LT;
         const auto live = hn::FirstN(dt, static_cast<size_t>(std::max(0, n - static_cast<int>(t))));
@@ -700,8 +701,11 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
           scale[g][c] = hn::MaskedLoad(live, dt, reinterpret_cast<const float*>(vb) + tb + t);
         }
         vmax = hn::Max(vmax, scale[g][c]);
+        nan = hn::Or(nan, hn::IsNaN(scale[g][c]));
       }
-      smax[g] = hn::GetLane(hn::MaxOfLanes(dt, vmax));
+      // A row with a NaN or an infinity has a NaN scale (kv_format.cc), which Max may drop: the
+      // outputs it reaches (its group's, for q4) are NaN, as they are from the decoded row.
+      smax[g] = hn::AllFalse(dt, nan) ? hn::GetLane(hn::MaxOfLanes(dt, vmax)) : std::numeric_limits<float>::quiet_NaN();
     }
     for (int j = 0; j < NQ; ++j) {
       SoftmaxFoldTile(dt, df, st.s[j], n, TT, st.m[j], st.l[j], st.acc[j], hd);

@@ -624,6 +624,43 @@ TEST_CASE("a NaN in one query head makes that head's output NaN and no other hea
   }
 }
 
+TEST_CASE("a NaN in one cached K or V row makes the outputs it reaches NaN and no others on every SIMD target",
+          "[attention]") {
+  using fd::kernels::KvDtype;
+  const int hd = 64, bt = 16, len = 50;
+  for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
+    for (auto part : {fd::kernels::KvPart::key, fd::kernels::KvPart::value}) {
+      QuantKv kv(dt, 2, hd, bt, len, 11);
+      const auto& f = fd::kernels::kv_format(dt);
+      std::vector<uint16_t> row(hd, 0x3C00);  // 1.0
+      row[7] = 0x7E00;                         // NaN
+      // Token 49, kv head 0, in the block that is not full (f16 keys are written row by row there).
+      auto& block = part == fd::kernels::KvPart::key ? kv.kb[size_t(49 / bt)] : kv.vb[size_t(49 / bt)];
+      REQUIRE(size_t(49 / bt + 1) * bt > size_t(len));
+      f.encode_row(part, row.data(), hd, bt, 49 % bt, block.data());
+      // A NaN key reaches every output of the heads that read it through the softmax; a value,
+      // the elements where its decoded row is NaN (f16: one; q8: all; q4: its scale group's).
+      std::vector<float> decoded(hd);
+      f.decode_row(part, block.data(), hd, bt, 49 % bt, decoded.data());
+      size_t reached = 0;
+      for (float x : decoded) reached += std::isnan(x);
+      if (part == fd::kernels::KvPart::key) reached = size_t(hd);
+      const auto q = random_q(size_t(8) * hd, 2.0f, 12);
+      for_each_kernel_target([&](int64_t target) {
+        INFO("target " << hwy::TargetName(target) << " " << f.name()
+                       << (part == fd::kernels::KvPart::key ? " key" : " value"));
+        std::vector<float> out(q.size());
+        fd::kernels::attention(q.data(), 1, len - 1, kv.view(), {8, 2, hd}, out.data());
+        for (int h = 0; h < 8; ++h) {
+          INFO("head " << h);
+          size_t nan = 0;
+          for (int i = 0; i < hd; ++i) nan += std::isnan(out[size_t(h) * hd + i]);
+          CHECK(nan == (h < 4 ? reached : 0));  // heads 0-3 read kv head 0
+        }
+      });
+    }
+}
+
 TEST_CASE("attention_batch matches per-sequence attention bit for bit at any thread count", "[attention]") {
   using fd::kernels::KvDtype;
   const int n_kv = 4, hd = 64, gqa = 2, n_heads = n_kv * gqa;
