@@ -234,8 +234,8 @@ struct QuantQuery {
   HWY_ALIGN int16_t q16[kMaxHeadDim];     // q8: the integers in element order
   HWY_ALIGN int8_t lo[kMaxHeadDim / 2];   // q4: byte j of group g: element 32g + j ...
   HWY_ALIGN int8_t hi[kMaxHeadDim / 2];   // ... and element 32g + 16 + j, matching the nibbles
-  HWY_ALIGN int32_t init[kMaxHeadDim / 8];  // q4: lane 4g holds -8 * (sum of group g), else 0
-  HWY_ALIGN int32_t init_rows[kMaxHeadDim / 8];  // q4: lanes [4g, 4g + 4) hold -8 * (sum of group g)
+  HWY_ALIGN int32_t init[kMaxHeadDim / 8];  // q4 with VNNI: lane 4g holds -8 * (sum of group g), else 0
+  HWY_ALIGN int32_t init_rows[kMaxHeadDim / 8];  // q4 without: lanes [4g, 4g + 4) hold -8 * (sum of group g)
   // (q4 with head_dim 64: lo, hi and init hold their 32 bytes twice.)
 };
 
@@ -631,12 +631,12 @@ struct QuantTileState {
   size_t head_off = 0;  // bytes from a block's start to the tile's kv head
 };
 
-// Streaming softmax over the visible keys of block b in tiles of TT keys that start at
-// multiples of TT within the block: per tile, score every key once for all NQ queries, fold the
+// Streaming softmax over the visible keys of block b in tiles of kTileT keys that start at
+// multiples of kTileT within the block: per tile, score every key once for all NQ queries, fold the
 // tile into the running max / denominator, then read each value row once. kn, vn: the K and V
 // rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps).
 // DK: the key chunk tag (q4: bytes, q8: int16), DF: the value tag (q4: at most 16 lanes).
-template <bool kQ4, int NQ, int TT, class DK, class DF>
+template <bool kQ4, int NQ, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
                                  size_t b, size_t hd, QuantTileState<kQ4, NQ>& st, const uint8_t* kn,
                                  const uint8_t* vn) {
@@ -654,11 +654,11 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const size_t bn = std::min(bt, static_cast<size_t>(st.max_limit) - b * bt);  // rows used
   const uint8_t* kd = kb + k_off;
   const uint8_t* vd = vb + v_off;
-  for (size_t tb = 0; tb < bn; tb += TT) {
-    const int n = static_cast<int>(std::min<size_t>(TT, bn - tb));
+  for (size_t tb = 0; tb < bn; tb += kTileT) {
+    const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
-    const size_t pf_begin = tb * pf_pace, pf_end = tb + TT >= bn ? head_bytes : (tb + n) * pf_pace;
+    const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
     PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
     for (int t = 0; t < n; t += 4) {
       next_keys.Next();
@@ -685,7 +685,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     // Value weights: probability * the row's (q8) or the row and group's (q4) scale; zero
     // beyond the tile's n rows, whose scales may be anything.
     const size_t LT = hn::Lanes(dt);
-    constexpr int chunks = TT / static_cast<int>(hn::MaxLanes(dt));
+    constexpr int chunks = kTileT / static_cast<int>(hn::MaxLanes(dt));
     hn::Vec<decltype(dt)> scale[kQ4 ? kMaxGroups : 1][chunks];
     float smax[kQ4 ? kMaxGroups : 1];
     for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
@@ -708,7 +708,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       smax[g] = hn::AllFalse(dt, nan) ? hn::GetLane(hn::MaxOfLanes(dt, vmax)) : std::numeric_limits<float>::quiet_NaN();
     }
     for (int j = 0; j < NQ; ++j) {
-      SoftmaxFoldTile(dt, df, st.s[j], n, TT, st.m[j], st.l[j], st.acc[j], hd);
+      SoftmaxFoldTile(dt, df, st.s[j], n, kTileT, st.m[j], st.l[j], st.acc[j], hd);
       auto vmax = hn::Load(dt, st.s[j]);
       for (int c = 1; c < chunks; ++c) vmax = hn::Max(vmax, hn::Load(dt, st.s[j] + static_cast<size_t>(c) * LT));
       const float pmax = hn::GetLane(hn::MaxOfLanes(dt, vmax));
@@ -735,7 +735,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
 #if FD_Q4_INT16_SUMS
       constexpr int kRun = kQ4Int16Quads;
 #else
-      constexpr int kRun = TT / 4;
+      constexpr int kRun = kTileT / 4;
 #endif
       for (int k0 = 0; k0 < n_quads; k0 += kRun) {
         ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
@@ -756,7 +756,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
 
 // Attention of a group of tiles, block-major (for_each_block_visit); each tile's arithmetic is
 // the same as when it runs alone.
-template <bool kQ4, int NQ, int TT, class DK, class DF>
+template <bool kQ4, int NQ, class DK, class DF>
 HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* kv_heads, int n_tiles,
                                    const KvBlocks& kv, size_t head_bytes, int head_dim) {
   const size_t hd = static_cast<size_t>(head_dim);
@@ -780,7 +780,7 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
   for_each_block_visit(blocks, n_tiles, lookahead, [&](int i, size_t b, int ai, size_t ab) {
     const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
     const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
-    AttendBlockQuant<kQ4, NQ, TT>(dk, df, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
+    AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
   });
   for (int i = 0; i < n_tiles; ++i)
     for (int j = 0; j < NQ; ++j) StoreNormalized(df, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
@@ -789,14 +789,14 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
 template <bool kQ4, class DK, class DF>
 void RunQuantGroup(DK dk, DF df, const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int hd) {
   switch (t[0].n) {
-    case 1: return AttendGroupQuant<kQ4, 1, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 2: return AttendGroupQuant<kQ4, 2, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 3: return AttendGroupQuant<kQ4, 3, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 4: return AttendGroupQuant<kQ4, 4, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 5: return AttendGroupQuant<kQ4, 5, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 6: return AttendGroupQuant<kQ4, 6, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
-    case 7: return AttendGroupQuant<kQ4, 7, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
-    default: return AttendGroupQuant<kQ4, 8, kTileT>(dk, df, t, kvh, n, kv, hb, hd);
+    case 1: return AttendGroupQuant<kQ4, 1>(dk, df, t, kvh, n, kv, hb, hd);
+    case 2: return AttendGroupQuant<kQ4, 2>(dk, df, t, kvh, n, kv, hb, hd);
+    case 3: return AttendGroupQuant<kQ4, 3>(dk, df, t, kvh, n, kv, hb, hd);
+    case 4: return AttendGroupQuant<kQ4, 4>(dk, df, t, kvh, n, kv, hb, hd);
+    case 5: return AttendGroupQuant<kQ4, 5>(dk, df, t, kvh, n, kv, hb, hd);
+    case 6: return AttendGroupQuant<kQ4, 6>(dk, df, t, kvh, n, kv, hb, hd);
+    case 7: return AttendGroupQuant<kQ4, 7>(dk, df, t, kvh, n, kv, hb, hd);
+    default: return AttendGroupQuant<kQ4, 8>(dk, df, t, kvh, n, kv, hb, hd);
   }
 }
 
