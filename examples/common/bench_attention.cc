@@ -168,6 +168,31 @@ struct CaseResult {
   double kv_bytes = 0, seconds = 0;  // per layer
 };
 
+// A store of `layers` layers of the options' shape, with room for `pages` pages.
+KvStoreConfig store_config(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int layers, size_t pages) {
+  KvStoreConfig cfg;
+  cfg.n_layers = layers;
+  cfg.n_kv_heads = o.kv_heads;
+  cfg.head_dim = head_dim;
+  cfg.block_tokens = o.block_tokens;
+  cfg.dtype = dtype;
+  const size_t head_bytes = kernels::kv_format(dtype).head_block_bytes(o.block_tokens, head_dim);
+  cfg.capacity_bytes = (layers * 2 * o.kv_heads * head_bytes + 63) / 64 * 64 * pages;
+  return cfg;
+}
+
+// k, v: n random fp16 values each, uniform in [-1, 1).
+void random_f16_rows(std::mt19937& rng, size_t n, std::vector<uint16_t>& k, std::vector<uint16_t>& v) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> f(n);
+  k.resize(n);
+  v.resize(n);
+  for (auto& x : f) x = dist(rng);
+  kernels::f32_to_f16(f.data(), k.data(), n);
+  for (auto& x : f) x = dist(rng);
+  kernels::f32_to_f16(f.data(), v.data(), n);
+}
+
 CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::KvDtype dtype,
                     int head_dim, int gqa, int ctx, int batch) {
   CaseResult r;
@@ -183,24 +208,12 @@ CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::K
   // (480 MiB of L3 on the machine this was written on) and beat the stream bandwidth.
   const size_t kv_bytes = seq_bytes * batch;
   const int layers = static_cast<int>(std::clamp<size_t>((o.cold_bytes + kv_bytes - 1) / kv_bytes, 1, 64));
-  KvStoreConfig cfg;
-  cfg.n_layers = layers;
-  cfg.n_kv_heads = o.kv_heads;
-  cfg.head_dim = head_dim;
-  cfg.block_tokens = o.block_tokens;
-  cfg.dtype = dtype;
-  cfg.capacity_bytes = (layers * 2 * o.kv_heads * head_bytes + 63) / 64 * 64 * blocks * batch;  // pages
-  KvStore store(cfg);
+  KvStore store(store_config(o, dtype, head_dim, layers, blocks * batch));
 
   std::mt19937 rng(static_cast<uint32_t>(ctx * 131 + head_dim));
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
-  std::vector<float> f(static_cast<size_t>(ctx) * row);
-  std::vector<uint16_t> k(f.size()), v(f.size());
-  for (auto& x : f) x = dist(rng);
-  kernels::f32_to_f16(f.data(), k.data(), f.size());
-  for (auto& x : f) x = dist(rng);
-  kernels::f32_to_f16(f.data(), v.data(), f.size());
+  std::vector<uint16_t> k, v;
+  random_f16_rows(rng, static_cast<size_t>(ctx) * row, k, v);
   for (int s = 0; s < batch; ++s) {
     store.reserve(static_cast<uint64_t>(s), ctx);
     for (int l = 0; l < layers; ++l) store.append(static_cast<uint64_t>(s), l, 0, k.data(), v.data(), ctx);
@@ -209,6 +222,7 @@ CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::K
   const kernels::AttnDims dims{o.kv_heads * gqa, o.kv_heads, head_dim};
   const size_t qw = static_cast<size_t>(dims.n_heads) * head_dim;
   std::vector<float> q(qw * batch), out(qw * batch);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (auto& x : q) x = dist(rng);
   std::vector<std::vector<kernels::AttnItem>> items(static_cast<size_t>(layers));  // [layers][batch]
   for (int l = 0; l < layers; ++l)
@@ -245,25 +259,12 @@ CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::K
 // also faults the pages in.
 double append_us(const BenchOptions& o, kernels::KvDtype dtype, int head_dim) {
   constexpr int kSeqs = 64;
-  const kernels::KvFormat& fmt = kernels::kv_format(dtype);
-  if (!fmt.supports(head_dim)) return 0.0;
-  KvStoreConfig cfg;
-  cfg.n_layers = 1;
-  cfg.n_kv_heads = o.kv_heads;
-  cfg.head_dim = head_dim;
-  cfg.block_tokens = o.block_tokens;
-  cfg.dtype = dtype;
-  cfg.capacity_bytes = (2 * o.kv_heads * fmt.head_block_bytes(o.block_tokens, head_dim) + 63) / 64 * 64 * kSeqs;
-  KvStore store(cfg);
+  if (!kernels::kv_format(dtype).supports(head_dim)) return 0.0;
+  KvStore store(store_config(o, dtype, head_dim, 1, kSeqs));
   std::mt19937 rng(static_cast<uint32_t>(head_dim));
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
-  std::vector<float> f(static_cast<size_t>(o.block_tokens) * row);
-  std::vector<uint16_t> k(f.size()), v(f.size());
-  for (auto& x : f) x = dist(rng);
-  kernels::f32_to_f16(f.data(), k.data(), f.size());
-  for (auto& x : f) x = dist(rng);
-  kernels::f32_to_f16(f.data(), v.data(), f.size());
+  std::vector<uint16_t> k, v;
+  random_f16_rows(rng, static_cast<size_t>(o.block_tokens) * row, k, v);
   std::vector<double> rounds;
   for (int round = 0; round < 4; ++round) {
     for (int s = 0; s < kSeqs; ++s) {
