@@ -200,13 +200,15 @@ HWY_INLINE hn::Vec<D32> SumPairs(D32 d32, hn::Vec<hn::Repartition<int16_t, D32>>
 }
 
 // int32 lane i of acc += sum over k < 4 of w[4i+k] * v[4i+k], for the bytes of w unsigned and
-// those of v signed (exact: 4 * 255 * 128 fits easily).
-template <class D32>
+// those of v signed (exact: 4 * 255 * 128 fits easily). kW7: every w is at most 127, so that the
+// pair sums of pmaddubsw fit int16 (2 * 127 * 127 < 2^15): three instructions instead of six.
+template <bool kW7 = false, class D32>
 HWY_INLINE hn::Vec<D32> DotQuads(D32 d32, hn::Vec<D32> acc, hn::Vec<D32> w, hn::Vec<D32> v) {
 #if FD_X86_VNNI
   (void)d32;
   return hn::Vec<D32>{DotBytes(acc.raw, w.raw, v.raw)};
 #elif FD_X86_MADD
+  if constexpr (kW7) return hn::Add(acc, hn::Vec<D32>{MaddOnes(MaddUbs(w.raw, v.raw))});
   // Even and odd bytes widened to int16, then two pairwise multiply-adds.
   const hn::Repartition<int16_t, D32> d16;
   const hn::Repartition<uint16_t, D32> du16;
@@ -462,20 +464,22 @@ HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* 
 constexpr int kMaxGroups = kMaxHeadDim / 32;  // q4 scale groups per row
 
 // A tile's value weights for one query and scale group (see kernels/kv_format.h): w[t] =
-// probability * scale ~ u[t] * factor with u[t] in [0, 255].
+// probability * scale ~ u[t] * factor with u[t] in [0, levels], levels kWeightLevels.
+template <bool kQ4>
+constexpr float kWeightLevels = kQ4 ? 255.0f : 127.0f;  // q8: DotQuads<true>'s bound
 struct ValueWeights {
   HWY_ALIGN uint8_t u[kTileT];  // those of rows 4k..4k+3 form quad word k
   float factor = 0.0f;
 };
 
-// Rounds the weights w (lanes [t, t + Lanes(dt)) of the tile, all >= 0, w * inv <= 255 up to
+// Rounds the weights w (lanes [t, t + Lanes(dt)) of the tile, all >= 0, w * inv <= levels up to
 // rounding) into vw.u; round to nearest by adding 2^23, whose fp32 ulp is 1.
 template <class DT>
 HWY_INLINE void RoundWeights(DT dt, hn::Vec<DT> w, float inv, size_t t, ValueWeights& vw) {
   const hn::RebindToSigned<DT> di;
   const hn::Rebind<uint8_t, DT> du8;
   const auto r = hn::MulAdd(w, hn::Set(dt, inv), hn::Set(dt, 8388608.0f));
-  const auto k = hn::Sub(hn::BitCast(di, r), hn::Set(di, 0x4B000000));  // the integers, in [0, 255]
+  const auto k = hn::Sub(hn::BitCast(di, r), hn::Set(di, 0x4B000000));  // the integers, in [0, levels]
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   // One vpmovdb instead of DemoteTo's four instructions. (Highway 1.0.3's TruncateTo, which
   // would do the same, picks the wrong lanes on AVX3_DL.)
@@ -520,7 +524,7 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* quads, size_t hd, int n_q
     for (int j = 0; j < NQ; ++j) {
       const VI w = QuadWeights(d32, vw[j][0], k);
 #pragma GCC unroll 8
-      for (int u = 0; u < CU; ++u) a[u][j] = DotQuads(d32, a[u][j], w, v[u]);
+      for (int u = 0; u < CU; ++u) a[u][j] = DotQuads<true>(d32, a[u][j], w, v[u]);
     }
   }
 #pragma GCC unroll 8
@@ -715,8 +719,8 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
         const float bound = pmax * smax[g];
         ValueWeights& vw = st.vw[j][g];
-        vw.factor = bound / 255.0f;
-        const float inv = bound > 0.0f ? 255.0f / bound : 0.0f;
+        vw.factor = bound / kWeightLevels<kQ4>;
+        const float inv = bound > 0.0f ? kWeightLevels<kQ4> / bound : 0.0f;
         for (int c = 0; c < chunks; ++c) {
           const size_t t = static_cast<size_t>(c) * LT;
           RoundWeights(dt, hn::Mul(hn::Load(dt, st.s[j] + t), scale[g][c]), inv, t, vw);

@@ -19,9 +19,10 @@
 // Attention quantizes the scaled query once per call (q8: int16, q4: int8, one scale per query
 // vector) and scores keys with exact integer dot products. For the values it rounds, per query,
 // per tile of kWeightTileKeys keys of a block (tiles start at multiples of it) and per scale group
-// (q8: the row, q4: 32 elements), the weights w = probability * scale to integers in [0, 255]
-// with one fp32 factor f = (largest probability) * (largest scale) / 255 of the tile, and
+// (q8: the row, q4: 32 elements), the weights w = probability * scale to integers in [0, W]
+// with one fp32 factor f = (largest probability) * (largest scale) / W of the tile, and
 // accumulates integer dot products with the stored integers; f then scales each tile's sums.
+// W = 127 for q8 (then pmaddubsw's pair sums of two int8 values fit int16) and 255 for q4.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -336,9 +336,10 @@ double max_query_scale(const std::vector<float>& q, int hd, fd::kernels::KvDtype
 
 // Standard deviation, per output element, of the error that rounding the value weights adds
 // (kernels/kv_format.h): per tile T of kWeightTileKeys keys of a block and scale group, the
-// weights p_t * scale_t are rounded to multiples of f_T = max p * max scale / 255 (max scale over
-// the tile's cached rows, a bound on the kernel's), each error uniform in +-f_T / 2 and
-// independent, multiplying the stored integer v_t / scale_t; divided by the softmax denominator.
+// weights p_t * scale_t are rounded to multiples of f_T = max p * max scale / W (q8: W = 127,
+// q4: 255; max scale over the tile's cached rows, a bound on the kernel's), each error uniform in
+// +-f_T / 2 and independent, multiplying the stored integer v_t / scale_t; divided by the softmax
+// denominator.
 // qs: transformed queries [n_q][n_heads][hd]; kv: the decoded values. Zero for f16.
 std::vector<double> weight_rounding_sigma(fd::kernels::KvDtype dt, const std::vector<double>& qs, int n_q,
                                           int q_pos0, const TestKv& kv, int n_heads) {
@@ -376,7 +377,7 @@ std::vector<double> weight_rounding_sigma(fd::kernels::KvDtype dt, const std::ve
           for (int grp = 0; grp < hd / group; ++grp) {
             double sc_max = 0;
             for (int t = t0; t < cached_end; ++t) sc_max = std::max(sc_max, scale(t, kvh, grp));
-            const double f = pmax * sc_max / 255.0;
+            const double f = pmax * sc_max / (dt == fd::kernels::KvDtype::q8 ? 127.0 : 255.0);
             for (int t = t0; t < end; ++t) {
               const double sc = scale(t, kvh, grp);
               if (sc == 0) continue;
