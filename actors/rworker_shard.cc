@@ -15,6 +15,7 @@ struct ShardState {
   ShardConfig cfg;
   std::shared_ptr<KvStore> store;
   std::shared_ptr<kernels::ThreadPool> pool;
+  std::vector<KvAppend> appends;
   std::vector<kernels::AttnItem> items;
   shard_stats stats;
   std::unordered_set<uint64_t> seen;  // sequences ever served, for stats.served
@@ -62,12 +63,18 @@ caf::result<attn_reply> attend(ShardState& st, const attn_request& r) {
   out.step = r.step;
   out.layer = r.layer;
   out.o.resize(rows * qw * sizeof(float));
-  size_t row = 0;
   try {
-    st.items.clear();
+    st.appends.clear();
+    size_t row = 0;
     for (const auto& s : r.seqs) {
-      st.store->append(s.seq, r.layer, s.pos0, as<uint16_t>(r.k) + row * kw,
-                       as<uint16_t>(r.v) + row * kw, s.n);
+      st.appends.push_back(KvAppend{s.seq, s.pos0, s.n, as<uint16_t>(r.k) + row * kw, as<uint16_t>(r.v) + row * kw});
+      row += static_cast<size_t>(s.n);
+    }
+    // The new rows first (quantized for q8/q4), over the shard's threads.
+    st.store->append_batch(r.layer, st.appends.data(), st.appends.size(), *st.pool);
+    st.items.clear();
+    row = 0;
+    for (const auto& s : r.seqs) {
       st.items.push_back(kernels::AttnItem{as<float>(r.q) + row * qw, as<float>(out.o) + row * qw,
                                            s.n, s.pos0, st.store->view_blocks(s.seq, r.layer)});
       row += static_cast<size_t>(s.n);

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "kernels/stream.h"
+#include "kernels/thread_pool.h"
 
 namespace fd {
 namespace {
@@ -101,6 +103,29 @@ void KvStore::reserve(uint64_t seq, int new_len) {
 }
 
 void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n) {
+  append_rows(seq, layer, pos0, k, v, n, seal_scratch_.data());
+}
+
+void KvStore::append_batch(int layer, const KvAppend* items, size_t n, kernels::ThreadPool& pool) {
+  std::vector<uint64_t> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = items[i].seq;
+  std::sort(ids.begin(), ids.end());
+  if (n < 2 || std::adjacent_find(ids.begin(), ids.end()) != ids.end()) {
+    for (size_t i = 0; i < n; ++i) append(items[i].seq, layer, items[i].pos0, items[i].k, items[i].v, items[i].n);
+    return;
+  }
+  // A few chunks per thread, handed out as threads free up (prefill items differ in size), each
+  // with its own seal scratch.
+  const size_t chunks = std::min(n, static_cast<size_t>(4 * pool.threads()));
+  if (batch_scratch_.size() < chunks) batch_scratch_.resize(chunks, std::vector<uint8_t>(head_bytes_));
+  pool.run(chunks, [&](size_t c) {
+    for (size_t i = c * n / chunks; i < (c + 1) * n / chunks; ++i)
+      append_rows(items[i].seq, layer, items[i].pos0, items[i].k, items[i].v, items[i].n, batch_scratch_[c].data());
+  });
+}
+
+void KvStore::append_rows(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n,
+                          uint8_t* scratch) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end())
     throw Error("KV-cache has no sequence " + std::to_string(seq) + " to append to.");
@@ -125,7 +150,7 @@ void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const
   auto& vb = s.vb[static_cast<size_t>(layer)];
   // Full blocks are sealed (kernels/kv_format.h): a rewind into one unseals it first.
   const size_t first = static_cast<size_t>(pos0) / bt;
-  if ((first + 1) * bt <= static_cast<size_t>(cur)) set_sealed(kb[first], vb[first], false);
+  if ((first + 1) * bt <= static_cast<size_t>(cur)) set_sealed(kb[first], vb[first], false, scratch);
   for (int t = 0; t < n; ++t) {
     const size_t pos = static_cast<size_t>(pos0 + t);
     const size_t b = pos / bt;
@@ -140,12 +165,12 @@ void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const
     }
   }
   const size_t end = static_cast<size_t>(pos0 + n);
-  for (size_t b = first; (b + 1) * bt <= end; ++b) set_sealed(kb[b], vb[b], true);
+  for (size_t b = first; (b + 1) * bt <= end; ++b) set_sealed(kb[b], vb[b], true, scratch);
   kernels::streaming_fence();  // the rows are read next by attention, maybe on another thread
   s.len[static_cast<size_t>(layer)] = pos0 + n;
 }
 
-void KvStore::set_sealed(const uint8_t* k, const uint8_t* v, bool sealed) {
+void KvStore::set_sealed(const uint8_t* k, const uint8_t* v, bool sealed, uint8_t* scratch) const {
   // Blocks are written only through the store, which owns the arena.
   auto* kd = const_cast<uint8_t*>(k);
   auto* vd = const_cast<uint8_t*>(v);
@@ -153,9 +178,9 @@ void KvStore::set_sealed(const uint8_t* k, const uint8_t* v, bool sealed) {
     for (auto [part, d] : {std::pair{kernels::KvPart::key, kd}, {kernels::KvPart::value, vd}}) {
       uint8_t* hb = d + h * head_bytes_;
       if (sealed)
-        format_->seal(part, hb, cfg_.head_dim, cfg_.block_tokens, seal_scratch_.data());
+        format_->seal(part, hb, cfg_.head_dim, cfg_.block_tokens, scratch);
       else
-        format_->unseal(part, hb, cfg_.head_dim, cfg_.block_tokens, seal_scratch_.data());
+        format_->unseal(part, hb, cfg_.head_dim, cfg_.block_tokens, scratch);
     }
 }
 

@@ -12,6 +12,10 @@
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
 
+namespace fd::kernels {
+class ThreadPool;
+}
+
 namespace fd {
 
 struct KvStoreConfig {
@@ -24,6 +28,15 @@ struct KvStoreConfig {
   int block_tokens = 64;
   size_t capacity_bytes = size_t(1) << 30;
   kernels::KvDtype dtype = kernels::KvDtype::f16;  // q8/q4 quantize rows on append
+};
+
+// One sequence's rows for KvStore::append_batch: positions [pos0, pos0 + n) of one layer.
+struct KvAppend {
+  uint64_t seq = 0;
+  int pos0 = 0;
+  int n = 0;
+  const uint16_t* k = nullptr;  // [n][n_kv_heads * head_dim] fp16
+  const uint16_t* v = nullptr;  // [n][n_kv_heads * head_dim] fp16
 };
 
 // Throws fd::Error when `shards` KV-caches of `per_shard` bytes each exceed `available` bytes
@@ -43,6 +56,10 @@ class KvStore {
   // pos0 may not exceed the layer's current length (pos0 < length rewinds the layer to pos0
   // first, for retried steps); the range must be reserved.
   void append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n);
+  // append() of items [0, n) to one layer, spread over the pool's threads (distinct sequences
+  // write distinct pages). A sequence listed twice makes the whole batch run in list order on the
+  // calling thread. Throws the first error; other items' rows may have been written then.
+  void append_batch(int layer, const KvAppend* items, size_t n, kernels::ThreadPool& pool);
   int length(uint64_t seq, int layer) const;  // 0 for an unknown sequence
   bool contains(uint64_t seq) const { return seqs_.count(seq) != 0; }
   kernels::KvBlocksF16 view(uint64_t seq, int layer) const;  // f16 stores only
@@ -67,8 +84,12 @@ class KvStore {
   };
   // The sequence, or null when it holds nothing; throws fd::Error for a layer the store lacks.
   const Seq* find_for_view(uint64_t seq, int layer) const;
+  // append() with the given seal scratch [head_bytes_], so that appends with their own may run
+  // at once.
+  void append_rows(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n,
+                   uint8_t* scratch);
   // Seals or unseals every kv head of one block's K and V (kernels::KvFormat::seal).
-  void set_sealed(const uint8_t* k, const uint8_t* v, bool sealed);
+  void set_sealed(const uint8_t* k, const uint8_t* v, bool sealed, uint8_t* scratch) const;
   KvStoreConfig cfg_;
   const kernels::KvFormat* format_ = nullptr;
   size_t head_bytes_ = 0;   // one kv head's rows of one block (KvFormat::head_block_bytes)
@@ -84,6 +105,7 @@ class KvStore {
   std::unique_ptr<uint8_t, Unmap> arena_;
   std::vector<uint32_t> free_;  // free page indices; the lowest index is at the back
   std::vector<uint8_t> seal_scratch_;  // [head_bytes_]: KvFormat::seal's scratch
+  std::vector<std::vector<uint8_t>> batch_scratch_;  // [chunks][head_bytes_]: append_batch's
   std::unordered_map<uint64_t, Seq> seqs_;
 };
 

@@ -1,11 +1,13 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/thread_pool.h"
 #include "runtime/kv_store.h"
 #include "tests/f16_block_layout.h"
 
@@ -309,4 +311,61 @@ TEST_CASE("KvStore with a quantized dtype encodes rows through its KvFormat", "[
   c.head_dim = 8;
   c.dtype = KvDtype::q4;
   CHECK_THROWS_AS(fd::KvStore(c), fd::Error);  // q4 needs head_dim % 32 == 0
+}
+
+TEST_CASE("KvStore append_batch writes what append writes, over threads and with repeated sequences", "[kv]") {
+  using fd::kernels::KvDtype;
+  for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
+    for (int threads : {1, 2}) {
+      INFO(fd::kernels::kv_dtype_name(dt) << " threads " << threads);
+      fd::KvStoreConfig c = small_config(64);
+      c.head_dim = 32;
+      c.dtype = dt;
+      c.capacity_bytes = size_t(1) << 20;
+      fd::KvStore serial(c), batched(c);
+      fd::kernels::ThreadPool pool(threads);
+      // Prefill lengths that end inside, at and past block ends (blocks of 4 are sealed when full),
+      // then a decode step; sequence 5 comes twice in the second batch, so it runs in order.
+      const std::vector<int> prefill = {1, 3, 4, 5, 9, 17};
+      std::vector<std::vector<fd::KvAppend>> batches(2);
+      std::vector<std::vector<uint16_t>> data;
+      data.reserve(64);
+      for (int layer = 0; layer < 2; ++layer) {
+        for (auto& b : batches) b.clear();
+        for (uint64_t seq = 0; seq < prefill.size(); ++seq) {
+          const int n = prefill[seq];
+          for (auto* st : {&serial, &batched}) st->reserve(seq, n + 2);
+          const auto add = [&](size_t batch, int pos0, int rows_n) {
+            data.push_back(rows(c, seq, layer, 0, pos0, rows_n));
+            data.push_back(rows(c, seq, layer, 1, pos0, rows_n));
+            batches[batch].push_back({seq, pos0, rows_n, data[data.size() - 2].data(), data.back().data()});
+          };
+          add(0, 0, n);
+          add(1, n, 1);
+          if (seq == 5) add(1, n + 1, 1);
+        }
+        for (const auto& b : batches) {
+          for (const auto& a : b) serial.append(a.seq, layer, a.pos0, a.k, a.v, a.n);
+          batched.append_batch(layer, b.data(), b.size(), pool);
+        }
+        data.clear();
+      }
+      const size_t hb = fd::kernels::kv_format(dt).head_block_bytes(c.block_tokens, c.head_dim) * size_t(c.n_kv_heads);
+      size_t bad = 0;
+      for (uint64_t seq = 0; seq < prefill.size(); ++seq)
+        for (int layer = 0; layer < 2; ++layer) {
+          const auto a = serial.view_blocks(seq, layer), b = batched.view_blocks(seq, layer);
+          REQUIRE(a.len == b.len);
+          CHECK(a.len == prefill[seq] + 1 + (seq == 5));
+          for (int blk = 0; blk * c.block_tokens < a.len; ++blk) {
+            bad += std::memcmp(a.k[blk], b.k[blk], hb) != 0;
+            bad += std::memcmp(a.v[blk], b.v[blk], hb) != 0;
+          }
+        }
+      CHECK(bad == 0);
+      // An item past its reservation: the batch throws the store's error.
+      const auto k = rows(c, 0, 0, 0, 0, 8), v = rows(c, 0, 0, 1, 0, 8);
+      const fd::KvAppend bad_items[] = {{1, 4, 1, k.data(), v.data()}, {0, 2, 8, k.data(), v.data()}};
+      CHECK_THROWS_WITH(batched.append_batch(0, bad_items, 2, pool), Catch::Contains("exceeds the"));
+    }
 }

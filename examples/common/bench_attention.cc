@@ -254,10 +254,11 @@ CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::K
 
 // Microseconds the store takes to append one decode token (the K and V rows of every kv head) to
 // one sequence's layer: the R-worker's work per sequence and layer besides attention (q8/q4
-// quantize the rows). Averaged over block_tokens tokens each of kSeqs sequences, so that every
-// block is sealed once (f16 transposes its keys then); the median of 3 rounds after a first that
-// also faults the pages in.
-double append_us(const BenchOptions& o, kernels::KvDtype dtype, int head_dim) {
+// quantize the rows). As a shard does, a step appends to kSeqs sequences at once over the pool's
+// threads (KvStore::append_batch); averaged over block_tokens such steps, so that every block is
+// sealed once (f16 transposes its keys then); the median of 3 rounds after a first that also
+// faults the pages in.
+double append_us(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, kernels::ThreadPool& pool) {
   constexpr int kSeqs = 64;
   if (!kernels::kv_format(dtype).supports(head_dim)) return 0.0;
   KvStore store(store_config(o, dtype, head_dim, 1, kSeqs));
@@ -272,9 +273,11 @@ double append_us(const BenchOptions& o, kernels::KvDtype dtype, int head_dim) {
       store.reserve(static_cast<uint64_t>(s), o.block_tokens);
     }
     const auto t0 = Clock::now();
-    for (int t = 0; t < o.block_tokens; ++t)
-      for (int s = 0; s < kSeqs; ++s)
-        store.append(static_cast<uint64_t>(s), 0, t, k.data() + t * row, v.data() + t * row, 1);
+    for (int t = 0; t < o.block_tokens; ++t) {
+      KvAppend step[kSeqs];
+      for (int s = 0; s < kSeqs; ++s) step[s] = {static_cast<uint64_t>(s), t, 1, k.data() + t * row, v.data() + t * row};
+      store.append_batch(0, step, kSeqs, pool);
+    }
     if (round > 0) rounds.push_back(seconds_since(t0) * 1e6 / (kSeqs * o.block_tokens));
   }
   return median(rounds);
@@ -297,7 +300,7 @@ int bench_attention_main(int argc, char** argv) {
   int skipped = 0;
   for (auto dtype : o.dtypes)
     for (int hd : o.head_dims) {
-      const double append = append_us(o, dtype, hd);
+      const double append = append_us(o, dtype, hd, pool);
       for (int gqa : o.gqas)
         for (int ctx : o.ctxs)
           for (int batch : o.batches) {
