@@ -1,11 +1,10 @@
 #include "kernels/kv_format.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "kernels/ops.h"
+#include "kernels/quantize.h"
 #include "kernels/stream.h"
 
 namespace fd::kernels {
@@ -14,31 +13,6 @@ namespace {
 constexpr int kMaxHeadDim = 256;  // attention keeps a head's accumulators on the stack
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-// x[i] * inv rounded to the nearest integer, ties to even, as nearbyint in the default mode, and
-// clamped to [-limit, limit], for finite x * inv: without nearbyint's library call per element,
-// which made appending a q8 or q4 row cost about 4.7 ns per element (this file is built for the
-// baseline target, which lacks SSE4.1's roundss), in a loop the compiler vectorizes.
-void round_scaled(const float* x, size_t n, float inv, float limit, float* out) {
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: its ulp is 1
-  for (size_t i = 0; i < n; ++i) out[i] = std::min(std::max((x[i] * inv + kRound) - kRound, -limit), limit);
-}
-
-// The largest |x[i]|, or NaN when some x[i] is a NaN or an infinity. The bits of |x| order as its
-// values do, and a NaN's or an infinity's are the largest: one integer max, which vectorizes
-// where a float max (NaN rules) did not.
-float max_abs_or_nan(const float* x, size_t n) {
-  int32_t top = 0;
-  for (size_t i = 0; i < n; ++i) {
-    int32_t bits;
-    std::memcpy(&bits, &x[i], sizeof bits);
-    top = std::max(top, bits & 0x7FFFFFFF);
-  }
-  if (top >= 0x7F800000) return std::numeric_limits<float>::quiet_NaN();
-  float amax;
-  std::memcpy(&amax, &top, sizeof amax);
-  return amax;
-}
 
 void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, sizeof v); }
 float load_f32(const uint8_t* p) {
@@ -108,17 +82,15 @@ class Q8Format final : public QuantFormatBase {
     return round_up(size_t(bt) * sizeof(float) + round_up(size_t(bt), 4) * size_t(hd), 64);
   }
   void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
-    float x[kMaxHeadDim];
-    f16_to_f32(src, x, size_t(hd));
-    // A row with a NaN or an infinity gets a NaN scale and zeros: it decodes to NaN, and attention
-    // over it gives NaN, as over the f16 row.
-    const float scale = max_abs_or_nan(x, size_t(hd)) / 127.0f;
-    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;  // 0 for NaN
-    if (std::isnan(scale)) std::fill(x, x + hd, 0.0f);
-    float r[kMaxHeadDim];
-    round_scaled(x, size_t(hd), inv, 127.0f, r);
+    int8_t q[kMaxHeadDim];
+    const float scale = quantize_row_q8(src, size_t(hd), q);
     auto* data = reinterpret_cast<int8_t*>(hb + size_t(bt) * sizeof(float));
-    for (int i = 0; i < hd; ++i) data[index(part, t, i, hd)] = static_cast<int8_t>(r[i]);
+    if (part == KvPart::key) {
+      std::memcpy(data + size_t(t) * size_t(hd), q, size_t(hd));
+    } else {
+      int8_t* row = data + detail::q8_value_index(size_t(t), 0, size_t(hd));  // every 4th byte
+      for (size_t i = 0; i < size_t(hd); ++i) row[4 * i] = q[i];
+    }
     store_f32(hb + size_t(t) * sizeof(float), scale);
   }
   void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
@@ -146,26 +118,19 @@ class Q4Format final : public QuantFormatBase {
                              detail::q4_data_offset(KvPart::value, size_t(bt), groups)) + data, 64);
   }
   void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
-    float x[kMaxHeadDim];
-    f16_to_f32(src, x, size_t(hd));
     const size_t groups = size_t(hd) / 32;
+    uint8_t bytes[kMaxHeadDim / 2];
+    uint16_t scales[kMaxHeadDim / 32];
+    quantize_row_q4(src, size_t(hd), bytes, scales);
     uint8_t* data = hb + detail::q4_data_offset(part, size_t(bt), groups);
-    for (size_t g = 0; g < groups; ++g) {
-      float* xg = x + g * 32;
-      const float scale32 = max_abs_or_nan(xg, 32) / 7.0f;  // NaN: as for q8, a NaN row
-      uint16_t half;
-      f32_to_f16(&scale32, &half, 1);
-      float scale;  // the stored scale: the grid the values are rounded to
-      f16_to_f32(&half, &scale, 1);
-      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;  // 0 for NaN
-      if (std::isnan(scale)) std::fill(xg, xg + 32, 0.0f);
-      float r[32];
-      round_scaled(xg, 32, inv, 7.0f, r);
-      auto nibble = [&](int i) { return static_cast<uint8_t>(r[i] + 8.0f); };
-      for (int j = 0; j < 16; ++j)
-        data[index(part, t, g, size_t(j), groups)] = static_cast<uint8_t>(nibble(j) | (nibble(j + 16) << 4));
-      std::memcpy(hb + detail::q4_scale_index(part, size_t(t), g, groups) * sizeof(uint16_t), &half, sizeof half);
+    if (part == KvPart::key) {
+      std::memcpy(data + index(part, t, 0, 0, groups), bytes, groups * 16);
+    } else {
+      uint8_t* row = data + index(part, t, 0, 0, groups);  // every 4th byte
+      for (size_t i = 0; i < groups * 16; ++i) row[4 * i] = bytes[i];
     }
+    for (size_t g = 0; g < groups; ++g)
+      std::memcpy(hb + detail::q4_scale_index(part, size_t(t), g, groups) * sizeof(uint16_t), &scales[g], sizeof(uint16_t));
   }
   void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     const size_t groups = size_t(hd) / 32;

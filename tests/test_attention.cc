@@ -15,6 +15,7 @@
 #include "kernels/attention.h"
 #include "kernels/kv_format.h"
 #include "kernels/ops.h"
+#include "kernels/quantize.h"
 #include "kernels/thread_pool.h"
 #include "tests/f16_block_layout.h"
 
@@ -545,6 +546,73 @@ void check_quant_case(fd::kernels::KvDtype dt, int len, int hd, int gqa, int n_q
 }
 
 }  // namespace
+
+TEST_CASE("the q8 and q4 row quantizers give the scalar formula's integers on every SIMD target", "[attention]") {
+  // The formula of kernels/quantize.h in plain scalar code: fp32 scale and product, rounding to
+  // nearest even (the default mode of nearbyint).
+  const auto q8_ref = [](const std::vector<float>& x, std::vector<int8_t>& q) {
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::isfinite(v) ? std::fabs(v) : std::numeric_limits<float>::infinity());
+    q.assign(x.size(), 0);
+    if (std::isinf(amax)) return std::numeric_limits<float>::quiet_NaN();
+    const float scale = amax / 127.0f, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (size_t i = 0; i < x.size(); ++i) q[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+    return scale;
+  };
+  const auto q4_ref = [](const std::vector<float>& x, std::vector<uint8_t>& bytes, std::vector<uint16_t>& scales) {
+    bytes.assign(x.size() / 2, 0x88);
+    scales.assign(x.size() / 32, 0);
+    for (size_t g = 0; g < x.size() / 32; ++g) {
+      float amax = 0.0f;
+      for (size_t i = 32 * g; i < 32 * g + 32; ++i)
+        amax = std::max(amax, std::isfinite(x[i]) ? std::fabs(x[i]) : std::numeric_limits<float>::infinity());
+      const float s32 = std::isinf(amax) ? std::numeric_limits<float>::quiet_NaN() : amax / 7.0f;
+      fd::kernels::f32_to_f16(&s32, &scales[g], 1);
+      float scale;
+      fd::kernels::f16_to_f32(&scales[g], &scale, 1);
+      if (std::isnan(scale)) continue;
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      const auto nib = [&](size_t i) { return unsigned(std::clamp(std::nearbyint(x[i] * inv), -7.0f, 7.0f) + 8.0f); };
+      for (size_t j = 0; j < 16; ++j) bytes[16 * g + j] = uint8_t(nib(32 * g + j) | nib(32 * g + 16 + j) << 4);
+    }
+  };
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (size_t n : {size_t(7), size_t(20), size_t(32), size_t(64), size_t(96), size_t(128), size_t(256)})
+    for (int kind = 0; kind < 5; ++kind) {
+      // Random; all zeros; ties (halves of the q8 grid); a NaN; an infinity (q4: in group 0 only).
+      std::vector<float> x(n);
+      for (auto& v : x) v = kind == 1 ? 0.0f : dist(rng);
+      if (kind == 2)
+        for (size_t i = 0; i < n; ++i) x[i] = i == 0 ? 127.0f : float(int(i % 50) - 25) + 0.5f;
+      if (kind == 3) x[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      if (kind == 4) x[1] = -std::numeric_limits<float>::infinity();
+      std::vector<uint16_t> h(n);
+      fd::kernels::f32_to_f16(x.data(), h.data(), n);
+      fd::kernels::f16_to_f32(h.data(), x.data(), n);  // the values the quantizers see
+      std::vector<int8_t> want8;
+      const float want_scale = q8_ref(x, want8);
+      std::vector<uint8_t> want4;
+      std::vector<uint16_t> want_scales;
+      if (n % 32 == 0) q4_ref(x, want4, want_scales);
+      for_each_kernel_target([&](int64_t target) {
+        INFO("target " << hwy::TargetName(target) << " n " << n << " kind " << kind);
+        std::vector<int8_t> got8(n, 99);
+        const float scale = fd::kernels::quantize_row_q8(h.data(), n, got8.data());
+        CHECK(got8 == want8);
+        CHECK((scale == want_scale || (std::isnan(scale) && std::isnan(want_scale))));
+        if (n % 32 != 0) return;
+        std::vector<uint8_t> got4(n / 2, 0);
+        std::vector<uint16_t> got_scales(n / 32, 0);
+        fd::kernels::quantize_row_q4(h.data(), n, got4.data(), got_scales.data());
+        CHECK(got4 == want4);
+        for (size_t g = 0; g < n / 32; ++g) {
+          const bool nan = (want_scales[g] & 0x7C00) == 0x7C00 && (want_scales[g] & 0x3FF) != 0;
+          CHECK((got_scales[g] == want_scales[g] || (nan && (got_scales[g] & 0x7C00) == 0x7C00 && (got_scales[g] & 0x3FF) != 0)));
+        }
+      });
+    }
+}
 
 TEST_CASE("quantized decode attention matches the references for every dtype", "[attention]") {
   using fd::kernels::KvDtype;

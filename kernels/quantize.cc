@@ -1,0 +1,129 @@
+#include "kernels/quantize.h"
+
+#include <cstring>
+#include <limits>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/quantize.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/highway.h>
+
+#include "kernels/f16-inl.h"
+
+#ifndef FD_KERNELS_QUANTIZE_ONCE_
+#define FD_KERNELS_QUANTIZE_ONCE_
+namespace fd::kernels {
+namespace {
+constexpr size_t kMaxRow = 256;  // elements: the formats' largest head_dim
+}  // namespace
+}  // namespace fd::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace fd::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::CappedTag<float, 16>;  // at most 16 lanes, so that a q4 group holds whole vectors
+
+// x [n] as fp32 into xf, zero-padded to a whole number of vectors (zeros change no maximum).
+HWY_INLINE size_t LoadRow(DF df, const uint16_t* x, size_t n, float* xf) {
+  const size_t L = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + L <= n; i += L) hn::Store(LoadF16(df, x + i), df, xf + i);
+  if (i < n) {
+    HWY_ALIGN uint16_t tail[hn::MaxLanes(DF())] = {};
+    std::memcpy(tail, x + i, (n - i) * sizeof(uint16_t));
+    hn::Store(LoadF16(df, tail), df, xf + i);
+    i += L;
+  }
+  return i;
+}
+
+// The largest |x| over xf [n] (n a multiple of Lanes), or NaN when one is a NaN or an infinity:
+// the bits of |x| order as its values do, and a NaN's or an infinity's are the largest.
+HWY_INLINE float MaxAbsOrNaN(DF df, const float* xf, size_t n) {
+  const hn::RebindToSigned<DF> di;
+  auto top = hn::Zero(di);
+  for (size_t i = 0; i < n; i += hn::Lanes(df))
+    top = hn::Max(top, hn::And(hn::BitCast(di, hn::Load(df, xf + i)), hn::Set(di, 0x7FFFFFFF)));
+  const int32_t bits = hn::GetLane(hn::MaxOfLanes(di, top));
+  if (bits >= 0x7F800000) return std::numeric_limits<float>::quiet_NaN();
+  float amax;
+  std::memcpy(&amax, &bits, sizeof amax);
+  return amax;
+}
+
+// round(x * inv), ties to even, clamped to [-levels, levels].
+HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> RoundScaled(DF df, hn::Vec<DF> x, float inv, int32_t levels) {
+  const hn::RebindToSigned<DF> di;
+  const auto r = hn::NearestInt(hn::Mul(x, hn::Set(df, inv)));
+  return hn::Min(hn::Max(r, hn::Set(di, -levels)), hn::Set(di, levels));
+}
+
+float QuantizeRowQ8Impl(const uint16_t* x, size_t n, int8_t* q) {
+  const DF df;
+  const hn::Rebind<int8_t, DF> d8;
+  const size_t L = hn::Lanes(df);
+  HWY_ALIGN float xf[kMaxRow + hn::MaxLanes(DF())];
+  HWY_ALIGN int8_t out[kMaxRow + hn::MaxLanes(DF())];
+  const size_t padded = LoadRow(df, x, n, xf);
+  const float scale = MaxAbsOrNaN(df, xf, padded) / 127.0f;
+  if (scale != scale) {
+    std::memset(q, 0, n);
+    return scale;
+  }
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  for (size_t i = 0; i < padded; i += L) hn::Store(hn::DemoteTo(d8, RoundScaled(df, hn::Load(df, xf + i), inv, 127)), d8, out + i);
+  std::memcpy(q, out, n);
+  return scale;
+}
+
+void QuantizeRowQ4Impl(const uint16_t* x, size_t n, uint8_t* bytes, uint16_t* scales) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const size_t L = hn::Lanes(df);
+  HWY_ALIGN float xf[kMaxRow + hn::MaxLanes(DF())];
+  LoadRow(df, x, n, xf);
+  for (size_t g = 0; g < n / 32; ++g) {
+    const float* xg = xf + 32 * g;
+    // The stored scale is the grid: fp32 -> fp16 -> fp32, as decoding reads it.
+    HWY_ALIGN uint16_t half[hn::MaxLanes(DF())];
+    StoreF16(df, hn::Set(df, MaxAbsOrNaN(df, xg, 32) / 7.0f), half);
+    const float scale = hn::GetLane(LoadF16(df, half));
+    scales[g] = half[0];
+    if (scale != scale) {
+      std::memset(bytes + 16 * g, 0x88, 16);
+      continue;
+    }
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;  // 0 for an infinite scale: nibbles 8
+    for (size_t j = 0; j < 16; j += L) {
+      const auto lo = hn::Add(RoundScaled(df, hn::Load(df, xg + j), inv, 7), hn::Set(di, 8));
+      const auto hi = hn::Add(RoundScaled(df, hn::Load(df, xg + 16 + j), inv, 7), hn::Set(di, 8));
+      hn::StoreU(hn::DemoteTo(d8, hn::Or(lo, hn::ShiftLeft<4>(hi))), d8, bytes + 16 * g + j);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace fd::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fd::kernels {
+
+HWY_EXPORT(QuantizeRowQ8Impl);
+HWY_EXPORT(QuantizeRowQ4Impl);
+
+float quantize_row_q8(const uint16_t* x, size_t n, int8_t* q) {
+  return HWY_DYNAMIC_DISPATCH(QuantizeRowQ8Impl)(x, n, q);
+}
+
+void quantize_row_q4(const uint16_t* x, size_t n, uint8_t* bytes, uint16_t* scales) {
+  HWY_DYNAMIC_DISPATCH(QuantizeRowQ4Impl)(x, n, bytes, scales);
+}
+
+}  // namespace fd::kernels
+#endif  // HWY_ONCE
