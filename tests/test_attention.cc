@@ -18,6 +18,7 @@
 #include "kernels/quantize.h"
 #include "kernels/thread_pool.h"
 #include "tests/f16_block_layout.h"
+#include "tests/simd_targets.h"
 
 namespace {
 
@@ -160,8 +161,7 @@ TEST_CASE("softmax_exp is within 2 ulp of exp on every SIMD target", "[attention
   x.insert(x.end(), {-87.8f, -88.0f, -100.0f, -1e30f, -std::numeric_limits<float>::infinity()});
   x.push_back(-1.0f);  // an odd count: the last values take the single-lane tail
   std::vector<float> y(x.size());
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+  for_each_simd_target([&](int64_t target) {
     INFO("target " << hwy::TargetName(target));
     std::fill(y.begin(), y.end(), -1.0f);
     fd::kernels::softmax_exp(x.data(), y.data(), x.size());
@@ -188,8 +188,7 @@ TEST_CASE("softmax_exp is within 2 ulp of exp on every SIMD target", "[attention
     CHECK(std::isnan(nan_out[3]));
     CHECK(std::isnan(nan_out[16]));
     CHECK(nan_out[4] == Approx(std::exp(-1.0)));
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 TEST_CASE("attention_f16 decode matches a double-precision reference", "[attention]") {
@@ -216,14 +215,12 @@ TEST_CASE("attention_f16 handles odd block sizes and narrow heads", "[attention]
 }
 
 TEST_CASE("attention_f16 gives the same answer on every SIMD target", "[attention]") {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+  for_each_simd_target([&](int64_t target) {
     INFO("target " << hwy::TargetName(target));
     check_case(100, 64, 4, 3, 16, 11);
     check_case(40, 128, 1, 1, 16, 12);
     check_case(21, 8, 2, 5, 5, 13);
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 TEST_CASE("attention_f16 with one visible key returns that value row", "[attention]") {
@@ -467,20 +464,10 @@ TEST_CASE("a quantized row with a NaN or an infinity decodes to NaN and leaves i
 
 namespace {
 
-// Calls fn(target) with each SIMD target the attention kernels were built for and this CPU runs,
-// selected (the quantized kernels also build AVX3_DL, VNNI, which this file's target list lacks);
-// then restores the default, also when fn throws.
+// for_each_simd_target with AVX3_DL, which the quantized attention builds (VNNI).
 template <class Fn>
 void for_each_kernel_target(const Fn& fn) {
-  struct Restore {
-    ~Restore() { hwy::SetSupportedTargetsForTest(0); }
-  } restore;
-  std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  if (hwy::SupportedTargets() & HWY_AVX3_DL) targets.push_back(HWY_AVX3_DL);
-  for (int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    fn(target);
-  }
+  for_each_simd_target(fn, true);
 }
 
 // One case through attention() and through attention_batch on 1 and 2 threads (bit-identical),

@@ -12,6 +12,7 @@
 
 #include "kernels/ops.h"
 #include "kernels/stream.h"
+#include "tests/simd_targets.h"
 
 namespace {
 
@@ -61,12 +62,10 @@ uint16_t ref_f32_to_f16(float f) {
 // Runs body once per Highway target compiled into the library and supported by this CPU.
 template <class F>
 void for_each_target(F body) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+  for_each_simd_target([&](int64_t target) {
     INFO("target " << hwy::TargetName(target));
     body();
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 std::vector<float> random_floats(size_t n, float lo, float hi, uint32_t seed) {
