@@ -83,14 +83,25 @@ void AttendTileScalar(const Tile& tile, const KvBlocks& kv, size_t head_bytes, i
   const size_t off = static_cast<size_t>(kv_head) * head_bytes;
   const float levels = kv.dtype == KvDtype::q4 ? kQ4Levels : kQ8Levels;
   float k[kMaxHeadDim], v[kMaxHeadDim];
+  // Key row t into k: the q8 keys of a full block are transposed (sealed).
+  const auto key_row = [&](int t) {
+    const int b = t / kv.block_tokens, tb = t % kv.block_tokens;
+    const uint8_t* hb = kv.k[b] + off;
+    const bool sealed = (b + 1) * kv.block_tokens <= kv.len && kv.dtype == KvDtype::q8 && detail::q8_seals_keys(hd);
+    if (!sealed) return f.decode_row(KvPart::key, hb, head_dim, kv.block_tokens, tb, k);
+    float scale;
+    std::memcpy(&scale, hb + static_cast<size_t>(tb) * sizeof(float), sizeof scale);
+    const auto* data = reinterpret_cast<const int8_t*>(hb + static_cast<size_t>(kv.block_tokens) * sizeof(float));
+    for (size_t c = 0; c < hd; ++c)
+      k[c] = static_cast<float>(data[detail::q8_key_index(true, static_cast<size_t>(tb), c, hd, static_cast<size_t>(kv.block_tokens))]) * scale;
+  };
   for (int j = 0; j < tile.n; ++j) {
     int32_t qi[kMaxHeadDim];
     const float qscale = QuantizeQueryInts(tile.q[j], hd, levels, qi);
     std::vector<float> s(static_cast<size_t>(tile.limit[j]));
     float m = -std::numeric_limits<float>::infinity();
     for (int t = 0; t < tile.limit[j]; ++t) {
-      const int b = t / kv.block_tokens;
-      f.decode_row(KvPart::key, kv.k[b] + off, head_dim, kv.block_tokens, t % kv.block_tokens, k);
+      key_row(t);
       float dot = 0.0f;
       for (size_t c = 0; c < hd; ++c) dot += static_cast<float>(qi[c]) * k[c];
       s[static_cast<size_t>(t)] = dot * qscale;
@@ -461,6 +472,128 @@ HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* 
   }
 }
 
+// int32 lane i of acc += a[2i] * b[2i] + a[2i+1] * b[2i+1], int16 a and b.
+template <class D32, class V16>
+HWY_INLINE hn::Vec<D32> AddPairProducts(D32 d32, hn::Vec<D32> acc, V16 a, V16 b) {
+#if FD_X86_VNNI
+  (void)d32;
+  return hn::Vec<D32>{DotWords(acc.raw, a.raw, b.raw)};
+#elif FD_X86_MADD
+  (void)d32;
+  return hn::Add(acc, hn::Vec<D32>{Madd16(a.raw, b.raw)});
+#else
+  const auto a32 = hn::BitCast(d32, a), b32 = hn::BitCast(d32, b);
+  const auto even = hn::Mul(hn::ShiftRight<16>(hn::ShiftLeft<16>(a32)), hn::ShiftRight<16>(hn::ShiftLeft<16>(b32)));
+  return hn::Add(acc, hn::Add(even, hn::Mul(hn::ShiftRight<16>(a32), hn::ShiftRight<16>(b32))));
+#endif
+}
+
+// s[j][col + w * TV + i] = score of query j against key i of key vector w, for NP queries and W
+// vectors of TV = Lanes(dk) / 2 consecutive keys of sealed q8 keys: kt [hd/2][stride][2] int8 at
+// the first key, sc its fp32 scales. Each int16 vector holds two elements of TV keys, so every
+// int32 lane of the pair products sums into one key: no horizontal sums. fetch.Next() every
+// `cadence` pairs of dimensions.
+template <int NP, int W, class DK, class Fetch>
+HWY_INLINE void ScoreSealedPassQ8(DK dk, const int8_t* kt, size_t stride, const float* sc, size_t hd,
+                                  const QuantQuery* qq, float (*s)[kTileT], size_t col, size_t cadence,
+                                  Fetch& fetch) {
+  const hn::Rebind<int8_t, DK> d8;
+  const hn::Repartition<int32_t, DK> d32;
+  const hn::Repartition<float, DK> df;
+  const size_t TV = hn::Lanes(df);
+  hn::Vec<decltype(d32)> a[NP][W];
+#pragma GCC unroll 4
+  for (int j = 0; j < NP; ++j)
+#pragma GCC unroll 8
+    for (int w = 0; w < W; ++w) a[j][w] = hn::Zero(d32);
+  const size_t pairs = hd / 2;
+  for (size_t e0 = 0; e0 < pairs; e0 += cadence) {
+    fetch.Next();
+    const size_t e1 = std::min(pairs, e0 + cadence);
+    for (size_t e = e0; e < e1; ++e) {
+      hn::Vec<DK> k[W];
+#pragma GCC unroll 8
+      for (int w = 0; w < W; ++w) k[w] = hn::PromoteTo(dk, hn::LoadU(d8, kt + (e * stride + static_cast<size_t>(w) * TV) * 2));
+#pragma GCC unroll 4
+      for (int j = 0; j < NP; ++j) {
+        int32_t word;  // the query's elements 2e and 2e + 1
+        std::memcpy(&word, qq[j].q16 + 2 * e, sizeof word);
+        const auto qb = hn::BitCast(dk, hn::Set(d32, word));
+#pragma GCC unroll 8
+        for (int w = 0; w < W; ++w) a[j][w] = AddPairProducts(d32, a[j][w], k[w], qb);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NP; ++j) {
+    const auto qs = hn::Set(df, qq[j].qscale);
+#pragma GCC unroll 8
+    for (int w = 0; w < W; ++w) {
+      const auto scale = hn::Mul(hn::LoadU(df, sc + static_cast<size_t>(w) * TV), qs);
+      hn::StoreU(hn::Mul(hn::ConvertTo(df, a[j][w]), scale), df, s[j] + col + static_cast<size_t>(w) * TV);
+    }
+  }
+}
+
+// Queries per sealed q8 pass: AVX2 keeps 2 x 4 sums, 4 keys and a query pair in 13 of its 16
+// registers.
+constexpr int kSealedPassQ = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+
+// Key vectors per sealed q8 pass of NP queries. One query keeps no key across queries, and takes
+// a whole tile per pass, so that the keys are read in memory order (row e of 64 keys is 128
+// bytes): with 4 vectors, half of each row per pass, GQA 1 read 3-10 % slower from memory.
+template <int NP, class DK>
+constexpr int SealedVectors() {
+  return NP == 1 ? std::min<int>(8, kTileT / static_cast<int>(hn::MaxLanes(DK()) / 2)) : 4;
+}
+
+// ScoreSealedQ8 for the queries qq [NQ], in passes of kSealedPassQ.
+template <int NQ, class DK, class Fetch>
+HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scales, size_t tb, size_t n, size_t bt,
+                                     size_t hd, const QuantQuery* qq, float (*s)[kTileT], size_t cadence,
+                                     Fetch& fetch) {
+  if constexpr (NQ > kSealedPassQ) {
+    ScoreSealedQueriesQ8<kSealedPassQ>(dk, kd, scales, tb, n, bt, hd, qq, s, cadence, fetch);
+    ScoreSealedQueriesQ8<NQ - kSealedPassQ>(dk, kd, scales, tb, n, bt, hd, qq + kSealedPassQ, s + kSealedPassQ,
+                                            cadence, fetch);
+  } else {
+    constexpr int W = SealedVectors<NQ, DK>();
+    const size_t TV = hn::Lanes(dk) / 2;
+    size_t v = 0;  // keys done
+    for (; v + W * TV <= n && tb + v + W * TV <= bt; v += W * TV)
+      ScoreSealedPassQ8<NQ, W>(dk, kd + (tb + v) * 2, bt, scales + tb + v, hd, qq, s, v, cadence, fetch);
+    for (; v < n && tb + v + TV <= bt; v += TV)
+      ScoreSealedPassQ8<NQ, 1>(dk, kd + (tb + v) * 2, bt, scales + tb + v, hd, qq, s, v, cadence, fetch);
+    if (v < n) {  // the block's last keys, fewer than TV: copied into a block of TV keys
+      HWY_ALIGN int8_t keys[kMaxHeadDim / 2 * 32] = {};
+      HWY_ALIGN float sc[16] = {};
+      const size_t m = bt - (tb + v);
+      for (size_t e = 0; e < hd / 2; ++e) std::memcpy(keys + e * TV * 2, kd + (e * bt + tb + v) * 2, m * 2);
+      std::memcpy(sc, scales + tb + v, m * sizeof(float));
+      ScoreSealedPassQ8<NQ, 1>(dk, keys, TV, sc, hd, qq, s, v, cadence, fetch);
+    }
+  }
+}
+
+// s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
+// [tb, tb + n) of a sealed q8 head block (keys [hd/2][bt][2] int8 at kd, fp32 scales [bt]). The
+// bytes [pf_begin, pf_end) of the head block at kn are fetched meanwhile, in about 16 steps, as
+// the row-major keys are (in bursts of a quarter tile, GQA 1 read slower from memory).
+template <int NQ, class DK>
+HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const float* scales, size_t tb, size_t n, size_t bt,
+                              size_t hd, const QuantQuery* qq, float (*s)[kTileT], const uint8_t* kn,
+                              size_t pf_begin, size_t pf_end) {
+  constexpr size_t kSteps = 16;
+  constexpr int NP = NQ < kSealedPassQ ? NQ : kSealedPassQ;
+  const size_t TV = hn::Lanes(dk) / 2;
+  const size_t passes = static_cast<size_t>((NQ + kSealedPassQ - 1) / kSealedPassQ) *
+                        std::max<size_t>(1, n / (TV * SealedVectors<NP, DK>()));
+  const size_t pairs = hd / 2;
+  const size_t cadence = std::max<size_t>(1, (pairs * passes + kSteps - 1) / kSteps);
+  PacedPrefetch fetch(kn, pf_begin, pf_end, passes * ((pairs + cadence - 1) / cadence));
+  ScoreSealedQueriesQ8<NQ>(dk, kd, scales, tb, n, bt, hd, qq, s, cadence, fetch);
+}
+
 constexpr int kMaxGroups = kMaxHeadDim / 32;  // q4 scale groups per row
 
 // A tile's value weights for one query and scale group (see kernels/kv_format.h): w[t] =
@@ -658,13 +791,19 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const size_t bn = std::min(bt, static_cast<size_t>(st.max_limit) - b * bt);  // rows used
   const uint8_t* kd = kb + k_off;
   const uint8_t* vd = vb + v_off;
+  const bool sealed = !kQ4 && (b + 1) * bt <= static_cast<size_t>(kv.len) && detail::q8_seals_keys(hd);
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
     const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
-    PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
-    for (int t = 0; t < n; t += 4) {
+    if constexpr (!kQ4) {
+      if (sealed)
+        ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
+                          static_cast<size_t>(n), bt, hd, st.qq, st.s, kn, pf_begin, pf_end);
+    }
+    PacedPrefetch next_keys(sealed ? nullptr : kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
+    for (int t = 0; t < (sealed ? 0 : n); t += 4) {
       next_keys.Next();
       size_t rows[4];
       for (int i = 0; i < 4; ++i) rows[i] = tb + static_cast<size_t>(std::min(t + i, n - 1));

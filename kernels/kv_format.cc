@@ -98,11 +98,27 @@ class Q8Format final : public QuantFormatBase {
     const auto* data = reinterpret_cast<const int8_t*>(hb + size_t(bt) * sizeof(float));
     for (int i = 0; i < hd; ++i) dst[i] = static_cast<float>(data[index(part, t, i, hd)]) * scale;
   }
+  // Keys [bt][hd] <-> [hd/2][bt][2], by way of scratch.
+  void seal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
+    if (part == KvPart::key && detail::q8_seals_keys(size_t(hd))) transpose_keys(hb, hd, bt, scratch, true);
+  }
+  void unseal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
+    if (part == KvPart::key && detail::q8_seals_keys(size_t(hd))) transpose_keys(hb, hd, bt, scratch, false);
+  }
 
  private:
   static size_t index(KvPart part, int t, int i, int hd) {
     return part == KvPart::key ? size_t(t) * size_t(hd) + size_t(i)
                                : detail::q8_value_index(size_t(t), size_t(i), size_t(hd));
+  }
+  static void transpose_keys(uint8_t* hb, int hd, int bt, uint8_t* scratch, bool seal) {
+    uint8_t* data = hb + size_t(bt) * sizeof(float);
+    std::memcpy(scratch, data, size_t(bt) * size_t(hd));
+    for (size_t t = 0; t < size_t(bt); ++t)
+      for (size_t i = 0; i < size_t(hd); i += 2) {
+        const size_t row = t * size_t(hd) + i, sealed = detail::q8_key_index(true, t, i, size_t(hd), size_t(bt));
+        std::memcpy(data + (seal ? sealed : row), scratch + (seal ? row : sealed), 2);
+      }
   }
 };
 

@@ -1,12 +1,13 @@
 // Pluggable storage formats of the KV-cache. A format fixes how one kv head's rows of a block are
 // laid out (encoded on append) and supplies the attention kernel that reads them. Keys are stored
-// row by row, for dot products along head_dim, except in a full f16 block ("sealed"), whose keys
-// are transposed so that a vector holds one element of consecutive keys and scores need no
+// row by row, for dot products along head_dim, except in a full f16 or q8 block ("sealed"), whose
+// keys are transposed so that a vector holds elements of consecutive keys and scores need no
 // horizontal sums; q8/q4 values interleave four consecutive rows per element ("quads", padded to a
 // multiple of 4 rows), for dot products along the keys.
 //   f16: keys [block_tokens][head_dim], sealed [head_dim][block_tokens]; values
 //        [block_tokens][head_dim]; fp16.
-//   q8 : [block_tokens] fp32 scales, then keys [block_tokens][head_dim] int8, values
+//   q8 : [block_tokens] fp32 scales, then keys [block_tokens][head_dim] int8, sealed (head_dim
+//        even) [head_dim/2][block_tokens][2] (pairs of elements, for int16 pair products), values
 //        [ceil(block_tokens/4)][head_dim][4] int8 (row t, element i at (t/4, i, t%4));
 //        x = q * scale, one scale per token per kv head (max|x| / 127).
 //   q4 : fp16 scales, then data. Keys: scales [ceil(block_tokens/4)][head_dim/32][4] (the
@@ -61,8 +62,9 @@ class KvFormat {
   // A block is written (encode_row) and read (decode_row) unsealed. The store seals each block when
   // its last row is written, and unseals it before rows of it are written again; attention reads
   // a block sealed exactly when all its block_tokens rows lie below the sequence's length. Only
-  // f16 keys change layout (transposed, written row by row while the block fills: one 2-byte store
-  // per row of the transposed block cost 1.5 us per hd128 key row from memory, against 0.2).
+  // f16 and q8 keys change layout (transposed, written row by row while the block fills: one
+  // 2-byte store per row of the transposed block cost 1.5 us per hd128 key row from memory,
+  // against 0.2).
   // scratch: head_block_bytes(block_tokens, head_dim) bytes the format may overwrite, so that
   // sealing allocates nothing and cannot fail halfway through a block's heads.
   virtual void seal(KvPart, uint8_t* /*head_block*/, int /*head_dim*/, int /*block_tokens*/,
@@ -100,8 +102,13 @@ inline size_t q4_data_offset(KvPart part, size_t block_tokens, size_t groups) {
   const size_t rows = part == KvPart::key ? 4 : kValueTileKeys;
   return (block_tokens + rows - 1) / rows * rows * groups * sizeof(uint16_t);
 }
-// Byte of row t, element i of a q8 value block's data, and of row t, group g, byte j of a q4
-// value block's data (both from the start of the data).
+// Byte of row t, element i of a q8 key block's data (transposed when sealed, see
+// q8_seals_keys), and of a q8 value block's data, and of row t, group g, byte j of a q4 value
+// block's data (all from the start of the data).
+inline bool q8_seals_keys(size_t head_dim) { return head_dim % 2 == 0; }
+inline size_t q8_key_index(bool sealed, size_t t, size_t i, size_t head_dim, size_t block_tokens) {
+  return sealed ? (i / 2 * block_tokens + t) * 2 + i % 2 : t * head_dim + i;
+}
 inline size_t q8_value_index(size_t t, size_t i, size_t head_dim) { return (t / 4 * head_dim + i) * 4 + t % 4; }
 inline size_t q4_value_index(size_t t, size_t g, size_t j, size_t groups) {
   return ((t / 4 * groups + g) * 16 + j) * 4 + t % 4;

@@ -430,6 +430,39 @@ TEST_CASE("quantized KV formats stay within half a quantization step", "[attenti
   CHECK_FALSE(fd::kernels::parse_kv_dtype("int4", &parsed));
 }
 
+TEST_CASE("sealing a q8 block moves its keys into element pairs and unsealing restores them", "[attention]") {
+  using fd::kernels::KvPart;
+  const auto& f = fd::kernels::kv_format(fd::kernels::KvDtype::q8);
+  for (auto [hd, bt] : {std::pair{64, 16}, {8, 7}, {6, 3}}) {
+    INFO("hd " << hd << " block " << bt);
+    const size_t hb = f.head_block_bytes(bt, hd);
+    std::vector<uint8_t> block(hb, 0), scratch(hb);
+    std::vector<uint16_t> row(static_cast<size_t>(hd));
+    for (int t = 0; t < bt; ++t) {
+      std::vector<float> x(static_cast<size_t>(hd));
+      for (int i = 0; i < hd; ++i) x[size_t(i)] = float((t * 31 + i * 7) % 23) - 11.0f;
+      fd::kernels::f32_to_f16(x.data(), row.data(), x.size());
+      f.encode_row(KvPart::key, row.data(), hd, bt, t, block.data());
+    }
+    const auto rows = block;
+    f.seal(KvPart::value, block.data(), hd, bt, scratch.data());  // values keep their layout
+    CHECK(block == rows);
+    f.seal(KvPart::key, block.data(), hd, bt, scratch.data());
+    const uint8_t* data = block.data() + size_t(bt) * sizeof(float);
+    const uint8_t* was = rows.data() + size_t(bt) * sizeof(float);
+    size_t misplaced = 0;
+    for (int t = 0; t < bt; ++t)
+      for (int i = 0; i < hd; ++i)
+        misplaced += data[fd::kernels::detail::q8_key_index(true, size_t(t), size_t(i), size_t(hd), size_t(bt))] !=
+                     was[size_t(t) * size_t(hd) + size_t(i)];
+    CHECK(misplaced == 0);
+    CHECK(std::equal(rows.begin(), rows.begin() + bt * 4, block.begin()));  // scales stay
+    CHECK(block != rows);
+    f.unseal(KvPart::key, block.data(), hd, bt, scratch.data());
+    CHECK(block == rows);
+  }
+}
+
 TEST_CASE("a quantized row with a NaN or an infinity decodes to NaN and leaves its block's other rows",
           "[attention]") {
   using fd::kernels::KvDtype;
