@@ -420,7 +420,8 @@ HWY_INLINE void ScoreQuadQ4Pairs(const uint8_t* data, size_t row0, const uint16_
 }
 #endif
 
-// The same for a q8 head block: rows of int8 with fp32 scales `scales` (indexed by row).
+// The same for a q8 head block whose keys are rows of int8 (one not yet full; see ScoreSealedQ8),
+// with fp32 scales `scales` (indexed by row).
 // DK: int16 lanes per chunk. Each key chunk is widened once for up to four queries on AVX-512 and
 // two before it (more would not fit the accumulators in registers: four on AVX2 spilled, and two
 // passes of two read hd64 and hd128 GQA 4 11 % faster, KV in L2 on AMD EPYC Zen 3).
@@ -797,31 +798,32 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
     const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
-    if constexpr (!kQ4) {
-      if (sealed)
+    if (sealed) {
+      if constexpr (!kQ4)
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
                           static_cast<size_t>(n), bt, hd, st.qq, st.s, kn, pf_begin, pf_end);
-    }
-    PacedPrefetch next_keys(sealed ? nullptr : kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
-    for (int t = 0; t < (sealed ? 0 : n); t += 4) {
-      next_keys.Next();
-      size_t rows[4];
-      for (int i = 0; i < 4; ++i) rows[i] = tb + static_cast<size_t>(std::min(t + i, n - 1));
-      const size_t col = static_cast<size_t>(t);  // scores of rows >= n are set to -inf later
-      if constexpr (kQ4) {
-        const auto* sc = reinterpret_cast<const uint16_t*>(kb) + (tb + col) / 4 * groups * 4;
+    } else {
+      PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
+      for (int t = 0; t < n; t += 4) {
+        next_keys.Next();
+        size_t rows[4];
+        for (int i = 0; i < 4; ++i) rows[i] = tb + static_cast<size_t>(std::min(t + i, n - 1));
+        const size_t col = static_cast<size_t>(t);  // scores of rows >= n are set to -inf later
+        if constexpr (kQ4) {
+          const auto* sc = reinterpret_cast<const uint16_t*>(kb) + (tb + col) / 4 * groups * 4;
 #if FD_X86_VNNI
-        if (hd == 64 && t + 4 <= n) {
-          ScoreQuadQ4Pairs<NQ>(kd, tb + col, sc, st.qq, st.s, col);
-        } else {
-          ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, st.s, col);
-        }
+          if (hd == 64 && t + 4 <= n) {
+            ScoreQuadQ4Pairs<NQ>(kd, tb + col, sc, st.qq, st.s, col);
+          } else {
+            ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, st.s, col);
+          }
 #else
-        ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, st.s, col);
+          ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, st.s, col);
 #endif
-      } else {
-        ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
-                        reinterpret_cast<const float*>(kb), st.qq, st.s, col);
+        } else {
+          ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
+                          reinterpret_cast<const float*>(kb), st.qq, st.s, col);
+        }
       }
     }
     MaskInvisible<NQ>(st.s, tile.limit, st.min_limit, t0, n);

@@ -116,8 +116,8 @@ class Q8Format final : public QuantFormatBase {
     std::memcpy(scratch, data, size_t(bt) * size_t(hd));
     for (size_t t = 0; t < size_t(bt); ++t)
       for (size_t i = 0; i < size_t(hd); i += 2) {
-        const size_t row = t * size_t(hd) + i, sealed = detail::q8_key_index(true, t, i, size_t(hd), size_t(bt));
-        std::memcpy(data + (seal ? sealed : row), scratch + (seal ? row : sealed), 2);
+        const size_t in_rows = t * size_t(hd) + i, in_pairs = detail::q8_key_index(true, t, i, size_t(hd), size_t(bt));
+        std::memcpy(data + (seal ? in_pairs : in_rows), scratch + (seal ? in_rows : in_pairs), 2);
       }
   }
 };
