@@ -87,13 +87,9 @@ void AttendTileScalar(const Tile& tile, const KvBlocks& kv, size_t head_bytes, i
   const auto key_row = [&](int t) {
     const int b = t / kv.block_tokens, tb = t % kv.block_tokens;
     const uint8_t* hb = kv.k[b] + off;
-    const bool sealed = (b + 1) * kv.block_tokens <= kv.len && kv.dtype == KvDtype::q8 && detail::q8_seals_keys(hd);
-    if (!sealed) return f.decode_row(KvPart::key, hb, head_dim, kv.block_tokens, tb, k);
-    float scale;
-    std::memcpy(&scale, hb + static_cast<size_t>(tb) * sizeof(float), sizeof scale);
-    const auto* data = reinterpret_cast<const int8_t*>(hb + static_cast<size_t>(kv.block_tokens) * sizeof(float));
-    for (size_t c = 0; c < hd; ++c)
-      k[c] = static_cast<float>(data[detail::q8_key_index(true, static_cast<size_t>(tb), c, hd, static_cast<size_t>(kv.block_tokens))]) * scale;
+    if (kv.dtype == KvDtype::q4) return f.decode_row(KvPart::key, hb, head_dim, kv.block_tokens, tb, k);
+    const bool sealed = (b + 1) * kv.block_tokens <= kv.len && detail::q8_seals_keys(hd);
+    detail::q8_decode_key_row(hb, sealed, hd, static_cast<size_t>(kv.block_tokens), static_cast<size_t>(tb), k);
   };
   for (int j = 0; j < tile.n; ++j) {
     int32_t qi[kMaxHeadDim];
@@ -212,25 +208,16 @@ HWY_INLINE hn::Vec<D32> SumPairs(D32 d32, hn::Vec<hn::Repartition<int16_t, D32>>
 
 // int32 lane i of acc += sum over k < 4 of w[4i+k] * v[4i+k], for the bytes of w unsigned and
 // those of v signed (exact: 4 * 255 * 128 fits easily). kW7: every w is at most 127, so that the
-// pair sums of pmaddubsw fit int16 (2 * 127 * 127 < 2^15): three instructions instead of six.
+// pair sums of pmaddubsw fit int16 (2 * 127 * 127 < 2^15), which is what the x86 targets without
+// VNNI require (q4 sums its larger weights in int16 there instead, AccumulateQuadsQ4).
 template <bool kW7 = false, class D32>
 HWY_INLINE hn::Vec<D32> DotQuads(D32 d32, hn::Vec<D32> acc, hn::Vec<D32> w, hn::Vec<D32> v) {
 #if FD_X86_VNNI
   (void)d32;
   return hn::Vec<D32>{DotBytes(acc.raw, w.raw, v.raw)};
 #elif FD_X86_MADD
-  if constexpr (kW7) return hn::Add(acc, hn::Vec<D32>{MaddOnes(MaddUbs(w.raw, v.raw))});
-  // Even and odd bytes widened to int16, then two pairwise multiply-adds.
-  const hn::Repartition<int16_t, D32> d16;
-  const hn::Repartition<uint16_t, D32> du16;
-  const auto wu = hn::BitCast(du16, w);
-  const auto we = hn::BitCast(d16, hn::And(wu, hn::Set(du16, 0xFF)));
-  const auto wo = hn::BitCast(d16, hn::ShiftRight<8>(wu));
-  const auto vs = hn::BitCast(d16, v);
-  const auto ve = hn::ShiftRight<8>(hn::ShiftLeft<8>(vs));
-  const auto vo = hn::ShiftRight<8>(vs);
-  acc = hn::Add(acc, hn::Vec<D32>{Madd16(we.raw, ve.raw)});
-  return hn::Add(acc, hn::Vec<D32>{Madd16(wo.raw, vo.raw)});
+  static_assert(kW7, "without VNNI, pmaddubsw's pair sums fit int16 only for weights up to 127");
+  return hn::Add(acc, hn::Vec<D32>{MaddOnes(MaddUbs(w.raw, v.raw))});
 #else
   const auto m = hn::Set(d32, 0xFF);
   acc = hn::Add(acc, hn::Mul(hn::And(w, m), hn::ShiftRight<24>(hn::ShiftLeft<24>(v))));
@@ -699,7 +686,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
 #if FD_Q4_INT16_SUMS
   // Without VNNI, pmaddubsw's int16 pair sums, exact (|pair| <= 2 * 255 * 8 = 4080), are kept in
   // int16 over up to kQ4Int16Quads quads and widened once: two instructions per 32 products
-  // instead of DotQuads' nine.
+  // (widening the bytes to int16 first took nine).
   static_assert(kQ4Int16Quads * 4080 <= 32767, "the pair sums must fit int16");
   const hn::Repartition<int16_t, decltype(d32)> d16;
   using VA = hn::Vec<decltype(d16)>;

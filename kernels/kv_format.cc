@@ -86,7 +86,7 @@ class Q8Format final : public QuantFormatBase {
     const float scale = quantize_row_q8(src, size_t(hd), q);
     auto* data = reinterpret_cast<int8_t*>(hb + size_t(bt) * sizeof(float));
     if (part == KvPart::key) {
-      std::memcpy(data + size_t(t) * size_t(hd), q, size_t(hd));
+      std::memcpy(data + detail::q8_key_index(false, size_t(t), 0, size_t(hd), size_t(bt)), q, size_t(hd));
     } else {
       int8_t* row = data + detail::q8_value_index(size_t(t), 0, size_t(hd));  // every 4th byte
       for (size_t i = 0; i < size_t(hd); ++i) row[4 * i] = q[i];
@@ -94,9 +94,10 @@ class Q8Format final : public QuantFormatBase {
     store_f32(hb + size_t(t) * sizeof(float), scale);
   }
   void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
+    if (part == KvPart::key) return detail::q8_decode_key_row(hb, false, size_t(hd), size_t(bt), size_t(t), dst);
     const float scale = load_f32(hb + size_t(t) * sizeof(float));
     const auto* data = reinterpret_cast<const int8_t*>(hb + size_t(bt) * sizeof(float));
-    for (int i = 0; i < hd; ++i) dst[i] = static_cast<float>(data[index(part, t, i, hd)]) * scale;
+    for (size_t i = 0; i < size_t(hd); ++i) dst[i] = static_cast<float>(data[detail::q8_value_index(size_t(t), i, size_t(hd))]) * scale;
   }
   // Keys [bt][hd] <-> [hd/2][bt][2], by way of scratch.
   void seal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
@@ -107,16 +108,13 @@ class Q8Format final : public QuantFormatBase {
   }
 
  private:
-  static size_t index(KvPart part, int t, int i, int hd) {
-    return part == KvPart::key ? size_t(t) * size_t(hd) + size_t(i)
-                               : detail::q8_value_index(size_t(t), size_t(i), size_t(hd));
-  }
   static void transpose_keys(uint8_t* hb, int hd, int bt, uint8_t* scratch, bool seal) {
     uint8_t* data = hb + size_t(bt) * sizeof(float);
     std::memcpy(scratch, data, size_t(bt) * size_t(hd));
     for (size_t t = 0; t < size_t(bt); ++t)
       for (size_t i = 0; i < size_t(hd); i += 2) {
-        const size_t in_rows = t * size_t(hd) + i, in_pairs = detail::q8_key_index(true, t, i, size_t(hd), size_t(bt));
+        const size_t in_rows = detail::q8_key_index(false, t, i, size_t(hd), size_t(bt));
+        const size_t in_pairs = detail::q8_key_index(true, t, i, size_t(hd), size_t(bt));
         std::memcpy(data + (seal ? in_pairs : in_rows), scratch + (seal ? in_rows : in_pairs), 2);
       }
   }
@@ -171,6 +169,12 @@ class Q4Format final : public QuantFormatBase {
 };
 
 }  // namespace
+
+void detail::q8_decode_key_row(const uint8_t* hb, bool sealed, size_t hd, size_t bt, size_t t, float* dst) {
+  const float scale = load_f32(hb + t * sizeof(float));
+  const auto* data = reinterpret_cast<const int8_t*>(hb + bt * sizeof(float));
+  for (size_t i = 0; i < hd; ++i) dst[i] = static_cast<float>(data[q8_key_index(sealed, t, i, hd, bt)]) * scale;
+}
 
 const KvFormat& kv_format(KvDtype dtype) {
   static const F16Format f16;

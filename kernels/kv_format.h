@@ -110,6 +110,9 @@ inline size_t q8_key_index(bool sealed, size_t t, size_t i, size_t head_dim, siz
   return sealed ? (i / 2 * block_tokens + t) * 2 + i % 2 : t * head_dim + i;
 }
 inline size_t q8_value_index(size_t t, size_t i, size_t head_dim) { return (t / 4 * head_dim + i) * 4 + t % 4; }
+// Key row t of a q8 head block into dst [head_dim]: decode_row's keys, also from a sealed block.
+void q8_decode_key_row(const uint8_t* head_block, bool sealed, size_t head_dim, size_t block_tokens, size_t t,
+                       float* dst);
 inline size_t q4_value_index(size_t t, size_t g, size_t j, size_t groups) {
   return ((t / 4 * groups + g) * 16 + j) * 4 + t % 4;
 }

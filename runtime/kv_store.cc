@@ -45,7 +45,7 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
                 std::to_string(cfg.head_dim) + ".");
   head_bytes_ = format_->head_block_bytes(cfg.block_tokens, cfg.head_dim);
   layer_bytes_ = static_cast<size_t>(cfg.n_kv_heads) * head_bytes_;
-  seal_scratch_.resize(head_bytes_);
+  scratch_.assign(1, std::vector<uint8_t>(head_bytes_));
   const size_t raw = static_cast<size_t>(cfg.n_layers) * 2 * layer_bytes_;
   page_bytes_ = (raw + kPageAlign - 1) / kPageAlign * kPageAlign;
   total_pages_ = cfg.capacity_bytes / page_bytes_;
@@ -103,7 +103,7 @@ void KvStore::reserve(uint64_t seq, int new_len) {
 }
 
 void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n) {
-  append_rows(seq, layer, pos0, k, v, n, seal_scratch_.data());
+  append_rows(seq, layer, pos0, k, v, n, scratch_[0].data());
 }
 
 void KvStore::append_batch(int layer, const KvAppend* items, size_t n, kernels::ThreadPool& pool) {
@@ -117,10 +117,10 @@ void KvStore::append_batch(int layer, const KvAppend* items, size_t n, kernels::
   // A few chunks per thread, handed out as threads free up (prefill items differ in size), each
   // with its own seal scratch.
   const size_t chunks = std::min(n, static_cast<size_t>(4 * pool.threads()));
-  if (batch_scratch_.size() < chunks) batch_scratch_.resize(chunks, std::vector<uint8_t>(head_bytes_));
+  if (scratch_.size() < chunks) scratch_.resize(chunks, std::vector<uint8_t>(head_bytes_));
   pool.run(chunks, [&](size_t c) {
     for (size_t i = c * n / chunks; i < (c + 1) * n / chunks; ++i)
-      append_rows(items[i].seq, layer, items[i].pos0, items[i].k, items[i].v, items[i].n, batch_scratch_[c].data());
+      append_rows(items[i].seq, layer, items[i].pos0, items[i].k, items[i].v, items[i].n, scratch_[c].data());
   });
 }
 

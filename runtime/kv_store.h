@@ -104,8 +104,8 @@ class KvStore {
   // write), so pages never move and block pointers stay valid.
   std::unique_ptr<uint8_t, Unmap> arena_;
   std::vector<uint32_t> free_;  // free page indices; the lowest index is at the back
-  std::vector<uint8_t> seal_scratch_;  // [head_bytes_]: KvFormat::seal's scratch
-  std::vector<std::vector<uint8_t>> batch_scratch_;  // [chunks][head_bytes_]: append_batch's
+  // KvFormat::seal's scratch [head_bytes_]: [0] for append(), one per chunk of append_batch().
+  std::vector<std::vector<uint8_t>> scratch_;
   std::unordered_map<uint64_t, Seq> seqs_;
 };
 

@@ -615,7 +615,7 @@ TEST_CASE("the q8 and q4 row quantizers give the scalar formula's integers on ev
       std::vector<uint8_t> want4;
       std::vector<uint16_t> want_scales;
       if (n % 32 == 0) q4_ref(x, want4, want_scales);
-      for_each_kernel_target([&](int64_t target) {
+      for_each_simd_target([&](int64_t target) {
         INFO("target " << hwy::TargetName(target) << " n " << n << " kind " << kind);
         std::vector<int8_t> got8(n, 99);
         const float scale = fd::kernels::quantize_row_q8(h.data(), n, got8.data());

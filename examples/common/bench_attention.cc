@@ -97,7 +97,8 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
                  "--stream-size, taken right after each case). Layers of the same shape are read in\n"
                  "turn (--cold-size), so that, as in decoding, a layer's KV is not still in cache.\n"
                  "append us is the store's time to append one decode token's K and V (all kv heads) to\n"
-                 "one sequence and layer, on one thread, block seals included (per dtype and head_dim).\n";
+                 "one sequence and layer, block seals included (per dtype and head_dim), with 64\n"
+                 "sequences per step over the same threads, as a shard appends.\n";
     return false;
   }
   const bool quick = vm["quick"].as<bool>();
