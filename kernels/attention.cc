@@ -50,9 +50,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // GQA 4, so it stays with L1.
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
 
-// Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's value
-// block, or key block while not full, as fp32. Layouts are documented in kernels/kv_format.h.
-struct F16Rows {
+// Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's key or
+// value block as fp32, for c a multiple of Lanes(d). Layouts are documented in kernels/kv_format.h.
+struct F16Rows {  // a block not yet full
   const uint16_t* x;  // [block_tokens][head_dim]
   size_t hd;
   F16Rows(const uint8_t* head_block, size_t head_dim, size_t)
@@ -60,6 +60,21 @@ struct F16Rows {
   template <class D>
   HWY_INLINE hn::Vec<D> Load(D d, size_t t, size_t c) const {
     return LoadF16(d, x + t * hd + c);
+  }
+};
+// The values of a sealed block; kWhole: head_dim is a multiple of kF16ValueChunk, so that every
+// chunk's rows are 16 apart (a width computed per load read hd64 GQA 1 about 5 % slower).
+template <bool kWhole>
+struct F16ValueChunks {
+  const uint16_t* x;  // chunks of kF16ValueChunk elements, each [block_tokens][16]
+  size_t hd, bt;
+  F16ValueChunks(const uint8_t* head_block, size_t head_dim, size_t block_tokens)
+      : x(reinterpret_cast<const uint16_t*>(head_block)), hd(head_dim), bt(block_tokens) {}
+  template <class D>
+  HWY_INLINE hn::Vec<D> Load(D d, size_t t, size_t c) const {
+    const size_t c0 = c / kF16ValueChunk * kF16ValueChunk;
+    const size_t width = kWhole ? kF16ValueChunk : std::min(kF16ValueChunk, hd - c0);
+    return LoadF16(d, x + c0 * bt + t * width + (c - c0));
   }
 };
 
@@ -150,13 +165,19 @@ constexpr size_t TileRowSteps(int n) {
   return static_cast<size_t>(n / RowsPerPass<NQ>() + n % RowsPerPass<NQ>());
 }
 
-// Keys of one kv head's full block are stored transposed, [head_dim][block_tokens] (kv_format.h), so
-// that a vector holds one element of Lanes consecutive keys: a tile's scores come out key by key
-// in lanes, with no horizontal sum per key and query (with row-major keys those sums took 17 % of
-// hd64 GQA 4). AMD EPYC (Zen 3), one core, KV in L2 (ctx 512 hd64, ctx 256 hd128, 2 kv heads),
-// medians of 10 alternating runs against row-major keys: hd64 GQA 1 18.1 -> 22.1 GB/s, GQA 2
-// 12.9 -> 14.1, GQA 4 8.6 -> 10.3, GQA 8 5.0 -> 5.0; hd128 GQA 1 14.7 -> 24.4 (5 runs). From memory
-// with 2 threads (ctx 512/4096, batch 16/64) it read the same within noise.
+// Keys of one kv head's full block are stored transposed (kv_format.h), so that a vector holds one
+// element of Lanes consecutive keys: a tile's scores come out key by key in lanes, with no
+// horizontal sum per key and query (with row-major keys those sums took 17 % of hd64 GQA 4). AMD
+// EPYC (Zen 3), one core, KV in L2 (ctx 512 hd64, ctx 256 hd128, 2 kv heads), medians of 10
+// alternating runs against row-major keys: hd64 GQA 1 18.1 -> 22.1 GB/s, GQA 2 12.9 -> 14.1, GQA 4
+// 8.6 -> 10.3, GQA 8 5.0 -> 5.0; hd128 GQA 1 14.7 -> 24.4 (5 runs).
+// They are transposed in groups of kF16KeyGroup keys, [head_dim][16] each, and the values sealed
+// in chunks of kF16ValueChunk elements, [block_tokens][16] each, so that a pass of 16 keys (or 16
+// value elements) reads one run of memory: with the whole block transposed ([head_dim]
+// [block_tokens]) and values row by row, a pass read 32 bytes of every 128 (hd64), and at GQA 4,
+// where the FMAs leave the loads little room, the memory fell behind. AMD EPYC (Zen 3), 2 threads,
+// from memory, ctx 512/4096 x batch 16/64, medians of 5 alternating runs: GQA 4 read 13.3-16.7 ->
+// 16.2-18.0 GB/s; GQA 1 (8 runs) hd128 18.7-20.3 -> 19.7-20.6, hd64 19.3-21.1 -> 18.8-20.3.
 
 // Key vectors scored per pass: KeyVectors * NQ accumulators, independent FMA chains (two FMA pipes
 // of 4 cycles' latency need 8), within the register file (16 vectors; 32 on AVX-512) and a tile; a
@@ -173,37 +194,44 @@ constexpr int KeyVectors() {
 // Dimensions per prefetch step of a scoring pass.
 constexpr size_t kFetchDims = 8;
 
-// Walks the keys [t, n) of a tile that starts at key tb of a block of bt keys: passes of W vectors
-// of L keys while they stay inside a row of the block, then of W / 2, ... 1 vectors, calling
-// pass(t, std::integral_constant<int, width>); then tail(t) for the keys left (a vector there
-// would cross the end of the row).
+// Walks the keys [t, n) of a tile that starts at key tb of a block whose first `full` keys fill
+// whole key groups: passes of W vectors of L keys while they stay among those, then of W / 2, ...
+// 1 vectors, calling pass(t, std::integral_constant<int, width>); then tail(t) for the keys left.
+// A vector stays inside one key group (it has at most kMaxLanes lanes, a power of two).
 template <int W, class Pass, class Tail>
-HWY_INLINE void ForEachKeyPass(size_t t, size_t tb, size_t n, size_t bt, size_t L, const Pass& pass,
+HWY_INLINE void ForEachKeyPass(size_t t, size_t tb, size_t n, size_t full, size_t L, const Pass& pass,
                                const Tail& tail) {
   const size_t n_up = (n + L - 1) / L * L;
-  for (; t + W * L <= n_up && tb + t + W * L <= bt; t += W * L) pass(t, std::integral_constant<int, W>());
+  for (; t + W * L <= n_up && tb + t + W * L <= full; t += W * L) pass(t, std::integral_constant<int, W>());
   if constexpr (W > 1) {
-    ForEachKeyPass<W / 2>(t, tb, n, bt, L, pass, tail);
+    ForEachKeyPass<W / 2>(t, tb, n, full, L, pass, tail);
   } else if (t < n) {
     tail(t);
   }
 }
 
-// s[j][t, t + W * L) = q_j . k for the W * L keys from kt (row 0 of the block's keys, at the pass's
-// first key; rows bt apart). fetch.Next() is called every kFetchDims rows.
+// Keys of a sealed block of bt keys that fill whole key groups.
+HWY_INLINE size_t GroupedKeys(size_t bt) { return bt / kF16KeyGroup * kF16KeyGroup; }
+
+// s[j][t, t + W * L) = q_j . k for the W * L keys from key `key` of a sealed block whose kv head's
+// keys start at kt (in full key groups, [head_dim][16] each). fetch.Next() is called every
+// kFetchDims dimensions.
 template <int NQ, int W, class D, class Fetch>
-HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t bt,
+HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t key, size_t bt,
                                 const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT],
                                 size_t t, Fetch& fetch) {
   using V = hn::Vec<D>;
   const size_t L = hn::Lanes(d);
+  const uint16_t* k0[W];  // dimension 0 of each vector's keys
+#pragma GCC unroll 16
+  for (int w = 0; w < W; ++w) k0[w] = kt + detail::f16_sealed_key_index(key + static_cast<size_t>(w) * L, 0, hd, bt);
   V a[W * NQ];
 #pragma GCC unroll 16
   for (int i = 0; i < W * NQ; ++i) a[i] = hn::Zero(d);
   const auto dim = [&](size_t i) HWY_ATTR {
     V k[W];
 #pragma GCC unroll 16
-    for (int w = 0; w < W; ++w) k[w] = LoadF16(d, kt + i * bt + static_cast<size_t>(w) * L);
+    for (int w = 0; w < W; ++w) k[w] = LoadF16(d, k0[w] + i * kF16KeyGroup);
 #pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) {
       const V qv = hn::Set(d, qs[j][i]);
@@ -228,27 +256,30 @@ HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t bt,
 // Prefetch steps of ScoreKeys for a tile.
 template <int NQ, class D>
 HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd) {
+  const size_t L = hn::Lanes(d);
   size_t passes = 0;
-  ForEachKeyPass<KeyVectors<NQ, D>()>(0, tb, n, bt, hn::Lanes(d), [&](size_t, auto) { ++passes; }, [](size_t) {});
+  ForEachKeyPass<KeyVectors<NQ, D>()>(0, tb, n, GroupedKeys(bt), L, [&](size_t, auto) { ++passes; }, [](size_t) {});
   return passes * ((hd + kFetchDims - 1) / kFetchDims);
 }
 
-// s[j][t] = q_j . k_(tb + t) for the keys t in [0, n) of a tile (kt: the kv head's transposed keys
-// [head_dim][bt]). Lanes past n within the row are scored too and left for the softmax to drop.
+// s[j][t] = q_j . k_(tb + t) for the keys t in [0, n) of a tile (kt: the kv head's sealed keys).
+// Lanes past n within a key group are scored too and left for the softmax to drop.
 template <int NQ, class D, class Fetch>
 HWY_INLINE void ScoreKeys(D d, const uint16_t* kt, size_t tb, size_t n, size_t bt,
                           const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT], Fetch& fetch) {
+  const size_t L = hn::Lanes(d);
   ForEachKeyPass<KeyVectors<NQ, D>()>(
-      0, tb, n, bt, hn::Lanes(d),
+      0, tb, n, GroupedKeys(bt), L,
       [&](size_t t, auto width) {
-        ScoreKeyVectors<NQ, decltype(width)::value>(d, kt + tb + t, bt, qs, hd, s, t, fetch);
+        ScoreKeyVectors<NQ, decltype(width)::value>(d, kt, tb + t, bt, qs, hd, s, t, fetch);
       },
       [&](size_t t0) {
         const hn::CappedTag<float, 1> d1;
         for (size_t t = t0; t < n; ++t)
           for (int j = 0; j < NQ; ++j) {
             float sum = 0.0f;
-            for (size_t i = 0; i < hd; ++i) sum += qs[j][i] * hn::GetLane(LoadF16(d1, kt + i * bt + tb + t));
+            for (size_t i = 0; i < hd; ++i)
+              sum += qs[j][i] * hn::GetLane(LoadF16(d1, kt + detail::f16_sealed_key_index(tb + t, i, hd, bt)));
             s[j][t] = sum;
           }
       });
@@ -298,15 +329,15 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
   const hn::CappedTag<float, kTileT> dt;
   const size_t L = hn::Lanes(d);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
-  // Value chunks accumulated per pass. At NQ <= 2 a pass covers a whole row of hd 128 with 16
-  // lanes, so the value rows stream in memory order: two passes in column halves over the same
-  // rows read 15-20 % slower from memory (measured on AMD EPYC).
+  // Vectors of a value row accumulated per pass. At NQ <= 2 a pass covers a whole row of hd 128
+  // with 16 lanes: over row-major values, two passes in column halves read 15-20 % slower from
+  // memory (measured on AMD EPYC, before sealed values were stored in chunks).
   constexpr int CB = NQ <= 2 ? 8 : NQ <= 4 ? 2 : 1;
 
   const size_t row_bytes = (head_bytes + bt - 1) / bt;
   const auto* kt = reinterpret_cast<const uint16_t*>(Bytes(kv.k[b]) + st.head_off);
   const Rows kr(Bytes(kv.k[b]) + st.head_off, hd, bt), vr(Bytes(kv.v[b]) + st.head_off, hd, bt);
-  const bool sealed = (b + 1) * bt <= static_cast<size_t>(kv.len);  // keys transposed
+  const bool sealed = (b + 1) * bt <= static_cast<size_t>(kv.len);  // kv_format.h's sealed layout
   const int block_end = static_cast<int>(std::min((b + 1) * bt, static_cast<size_t>(st.max_limit)));
   for (int t0 = static_cast<int>(b * bt); t0 < block_end;) {
     const size_t tb = static_cast<size_t>(t0) - b * bt;
@@ -333,9 +364,19 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     PacedPrefetch next_values(vn, rows_begin, rows_end,
                               CountPasses<CB, 4>(hd, L) * static_cast<size_t>((n + kFetchRows - 1) / kFetchRows),
                               st.fetch_to);
-    ForEachPass<CB, 4>(hd, L, [&](size_t c, auto width) {
-      AccumulateRows<NQ, decltype(width)::value>(d, vr, tb, n, st.s, c, st.acc, next_values);
-    });
+    const auto add_values = [&](const auto& rows) HWY_ATTR {
+      ForEachPass<CB, 4>(hd, L, [&](size_t c, auto width) {
+        AccumulateRows<NQ, decltype(width)::value>(d, rows, tb, n, st.s, c, st.acc, next_values);
+      });
+    };
+    const uint8_t* vh = Bytes(kv.v[b]) + st.head_off;
+    if (sealed && hd % kF16ValueChunk == 0) {
+      add_values(F16ValueChunks<true>(vh, hd, bt));
+    } else if (sealed) {
+      add_values(F16ValueChunks<false>(vh, hd, bt));
+    } else {
+      add_values(vr);
+    }
     t0 += n;
   }
 }
@@ -404,19 +445,22 @@ void AttendHeads(const float* q, int n_q, int q_pos0, const Blocks& kv, size_t h
                       });
 }
 
-constexpr size_t kAnyLanes = size_t(1) << 20;  // no cap on the vector width
+// Vectors of at most 16 lanes (a power of two), so that one lies inside a key group of a sealed
+// block and inside a value chunk.
+constexpr size_t kMaxLanes = 16;
+static_assert(kF16KeyGroup % kMaxLanes == 0 && kF16ValueChunk % kMaxLanes == 0, "vectors must fit a group");
 
 void AttendHeadsF16Impl(const float* q, int n_q, int q_pos0, const KvBlocksF16& kv,
                         const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
   const size_t hb = static_cast<size_t>(kv.block_tokens) * dims.head_dim * sizeof(uint16_t);
-  AttendHeads<F16Rows, kAnyLanes>(q, n_q, q_pos0, kv, hb, dims, kvh_begin, kvh_end, out);
+  AttendHeads<F16Rows, kMaxLanes>(q, n_q, q_pos0, kv, hb, dims, kvh_begin, kvh_end, out);
 }
 
 void AttendHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
                      const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
   switch (kv.dtype) {
     case KvDtype::f16:
-      return AttendHeads<F16Rows, kAnyLanes>(q, n_q, q_pos0, kv, head_bytes, dims, kvh_begin, kvh_end, out);
+      return AttendHeads<F16Rows, kMaxLanes>(q, n_q, q_pos0, kv, head_bytes, dims, kvh_begin, kvh_end, out);
     default:  // q8 and q4 have their own kernels (kernels/attention_quant.cc)
       break;
   }

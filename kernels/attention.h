@@ -12,9 +12,9 @@ struct AttnDims {
 };
 
 // K/V of one sequence and one layer. Block b holds tokens [b*block_tokens, (b+1)*block_tokens);
-// v[b] points at [n_kv_heads][block_tokens][head_dim] fp16 values, k[b] at the same layout while the
-// block is not full ((b+1)*block_tokens > len) and at [n_kv_heads][head_dim][block_tokens] once it
-// is (keys transposed, so that a vector holds one element of consecutive keys).
+// k[b] and v[b] point at [n_kv_heads][block_tokens][head_dim] fp16 keys and values while the block
+// is not full ((b+1)*block_tokens > len), and at the f16 format's sealed layout once it is: per kv
+// head, keys in groups of 16 transposed, values in chunks of 16 elements (kernels/kv_format.h).
 struct KvBlocksF16 {
   const uint16_t* const* k = nullptr;
   const uint16_t* const* v = nullptr;

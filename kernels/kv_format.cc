@@ -56,20 +56,33 @@ class F16Format final : public KvFormatBase {
     f16_to_f32(row, dst, size_t(hd));
   }
   void seal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
-    if (part == KvPart::key) transpose(hb, size_t(bt), size_t(hd), scratch);
+    relayout(part, hb, size_t(hd), size_t(bt), scratch, true);
   }
   void unseal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
-    if (part == KvPart::key) transpose(hb, size_t(hd), size_t(bt), scratch);
+    relayout(part, hb, size_t(hd), size_t(bt), scratch, false);
   }
 
  private:
-  // x [rows][cols] fp16 -> [cols][rows], in place by way of scratch [rows * cols].
-  static void transpose(uint8_t* x, size_t rows, size_t cols, uint8_t* scratch) {
-    const size_t bytes = rows * cols * sizeof(uint16_t);
-    std::memcpy(scratch, x, bytes);
-    for (size_t r = 0; r < rows; ++r)
-      for (size_t c = 0; c < cols; ++c)
-        std::memcpy(x + (c * rows + r) * sizeof(uint16_t), scratch + (r * cols + c) * sizeof(uint16_t), sizeof(uint16_t));
+  // Rows <-> the sealed layout, by way of scratch: keys element by element, values a chunk row
+  // (16 elements) at a time.
+  static void relayout(KvPart part, uint8_t* hb, size_t hd, size_t bt, uint8_t* scratch, bool seal) {
+    std::memcpy(scratch, hb, bt * hd * sizeof(uint16_t));
+    const auto* from = reinterpret_cast<const uint16_t*>(scratch);
+    auto* to = reinterpret_cast<uint16_t*>(hb);
+    if (part == KvPart::key) {
+      for (size_t t = 0; t < bt; ++t)
+        for (size_t i = 0; i < hd; ++i) {
+          const size_t rows = t * hd + i, sealed = detail::f16_sealed_key_index(t, i, hd, bt);
+          to[seal ? sealed : rows] = from[seal ? rows : sealed];
+        }
+      return;
+    }
+    for (size_t c0 = 0; c0 < hd; c0 += kF16ValueChunk)
+      for (size_t t = 0; t < bt; ++t) {
+        const size_t rows = t * hd + c0, sealed = detail::f16_sealed_value_index(t, c0, hd, bt);
+        const size_t bytes = std::min(kF16ValueChunk, hd - c0) * sizeof(uint16_t);
+        std::memcpy(to + (seal ? sealed : rows), from + (seal ? rows : sealed), bytes);
+      }
   }
 };
 

@@ -4,8 +4,11 @@
 // keys are transposed so that a vector holds elements of consecutive keys and scores need no
 // horizontal sums; q8/q4 values interleave four consecutive rows per element ("quads", padded to a
 // multiple of 4 rows), for dot products along the keys.
-//   f16: keys [block_tokens][head_dim], sealed [head_dim][block_tokens]; values
-//        [block_tokens][head_dim]; fp16.
+//   f16: keys [block_tokens][head_dim], sealed in groups of kF16KeyGroup keys, each [head_dim][16]
+//        (the last group as wide as the keys left); values [block_tokens][head_dim], sealed in
+//        chunks of kF16ValueChunk elements, each [block_tokens][16] (the last chunk as wide as the
+//        elements left); fp16. A scoring pass reads one key group, and a value pass one chunk, as
+//        one run of memory (f16_sealed_key_index, f16_sealed_value_index).
 //   q8 : [block_tokens] fp32 scales, then keys [block_tokens][head_dim] int8, sealed (head_dim
 //        even) [head_dim/2][block_tokens][2] (pairs of elements, for int16 pair products), values
 //        [ceil(block_tokens/4)][head_dim][4] int8 (row t, element i at (t/4, i, t%4));
@@ -25,6 +28,7 @@
 // accumulates integer dot products with the stored integers; f then scales each tile's sums.
 // W = 127 for q8 (then pmaddubsw's pair sums of two int8 values fit int16) and 255 for q4.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -45,6 +49,10 @@ constexpr int kValueTileKeys = 16;
 // about 7 with 32 and 11 % more with 64.
 constexpr int kWeightTileKeys = 4 * kValueTileKeys;
 
+// Keys per group, and elements per chunk of the values, of a sealed f16 block.
+constexpr size_t kF16KeyGroup = 16;
+constexpr size_t kF16ValueChunk = 16;
+
 class KvFormat {
  public:
   virtual ~KvFormat() = default;
@@ -62,7 +70,7 @@ class KvFormat {
   // A block is written (encode_row) and read (decode_row) unsealed. The store seals each block when
   // its last row is written, and unseals it before rows of it are written again; attention reads
   // a block sealed exactly when all its block_tokens rows lie below the sequence's length. Only
-  // f16 and q8 keys change layout (transposed, written row by row while the block fills: one
+  // f16 keys and values and q8 keys change layout (written row by row while the block fills: one
   // 2-byte store per row of the transposed block cost 1.5 us per hd128 key row from memory,
   // against 0.2).
   // scratch: head_block_bytes(block_tokens, head_dim) bytes the format may overwrite, so that
@@ -91,6 +99,17 @@ void attend_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_
 // The same for the q8 and q4 formats (kernels/attention_quant.cc).
 void attend_quant_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
                         const AttnDims& d, int kvh_begin, int kvh_end, float* out);
+
+// f16 layout: index of element i of row t in a sealed head block of bt rows and head_dim hd (in a
+// block not yet full it is t * hd + i).
+inline size_t f16_sealed_key_index(size_t t, size_t i, size_t head_dim, size_t block_tokens) {
+  const size_t g0 = t / kF16KeyGroup * kF16KeyGroup, width = std::min(kF16KeyGroup, block_tokens - g0);
+  return g0 * head_dim + i * width + (t - g0);
+}
+inline size_t f16_sealed_value_index(size_t t, size_t i, size_t head_dim, size_t block_tokens) {
+  const size_t c0 = i / kF16ValueChunk * kF16ValueChunk, width = std::min(kF16ValueChunk, head_dim - c0);
+  return c0 * block_tokens + t * width + (i - c0);
+}
 
 // q4 layout: index of the fp16 scale of row t, group g (of `groups` per row), and byte offset of
 // the data, from the start of a head block.

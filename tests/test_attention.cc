@@ -60,7 +60,8 @@ struct TestKv {
           fd::kernels::f32_to_f16(pair, half, 2);
           kb[size_t(t / bt)][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), size_t(hd), size_t(bt),
                                                          size_t(n))] = half[0];
-          vb[size_t(t / bt)][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), size_t(hd), size_t(bt))] =
+          vb[size_t(t / bt)][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), size_t(hd), size_t(bt),
+                                                           size_t(n))] =
               half[1];
           const size_t at = (size_t(t) * nkv + h) * hd + i;
           k16[at] = half[0];
@@ -206,7 +207,7 @@ TEST_CASE("attention_f16 causal prefill matches a double-precision reference", "
 }
 
 TEST_CASE("attention_f16 handles odd block sizes and narrow heads", "[attention]") {
-  for (int bt : {1, 5, 16, 48})
+  for (int bt : {1, 5, 16, 20, 48})  // 20: a key group of 16 and one of 4 when sealed
     for (int len : {7, 33, 100}) {
       check_case(len, 64, 4, 1, bt, uint32_t(bt * 7 + len));
       check_case(len, 8, 2, std::min(9, len), bt, uint32_t(bt * 5 + len));   // head_dim 8 (stories260K)
@@ -220,6 +221,7 @@ TEST_CASE("attention_f16 gives the same answer on every SIMD target", "[attentio
     check_case(100, 64, 4, 3, 16, 11);
     check_case(40, 128, 1, 1, 16, 12);
     check_case(21, 8, 2, 5, 5, 13);
+    check_case(45, 20, 4, 2, 20, 14);  // partial key groups and value chunks
   });
 }
 

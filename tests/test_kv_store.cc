@@ -55,7 +55,7 @@ void check_contents(const fd::KvStore& s, uint64_t seq, int layer) {
         const size_t bt = size_t(c.block_tokens), hd = size_t(c.head_dim), b = size_t(t) / bt;
         bad += kv.k[b][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), hd, bt, size_t(kv.len))] !=
                tag(seq, layer, 0, t, h, i);
-        bad += kv.v[b][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), hd, bt)] != tag(seq, layer, 1, t, h, i);
+        bad += kv.v[b][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), hd, bt, size_t(kv.len))] != tag(seq, layer, 1, t, h, i);
       }
   CHECK(bad == 0);
 }
@@ -245,7 +245,7 @@ TEST_CASE("attention over a KvStore view matches attention over the same blocks"
       for (int i = 0; i < 64; ++i) {
         kb[t / 16][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), 64, 16, size_t(len))] =
             k[(size_t(t) * 2 + h) * 64 + i];
-        vb[t / 16][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), 64, 16)] = v[(size_t(t) * 2 + h) * 64 + i];
+        vb[t / 16][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), 64, 16, size_t(len))] = v[(size_t(t) * 2 + h) * 64 + i];
       }
   std::vector<const uint16_t*> kp, vp;
   for (int b = 0; b < 4; ++b) {
