@@ -72,9 +72,11 @@ struct F16ValueChunks {
       : x(reinterpret_cast<const uint16_t*>(head_block)), hd(head_dim), bt(block_tokens) {}
   template <class D>
   HWY_INLINE hn::Vec<D> Load(D d, size_t t, size_t c) const {
-    const size_t c0 = c / kF16ValueChunk * kF16ValueChunk;
-    const size_t width = kWhole ? kF16ValueChunk : std::min(kF16ValueChunk, hd - c0);
-    return LoadF16(d, x + c0 * bt + t * width + (c - c0));
+    if constexpr (kWhole) {
+      const size_t c0 = c / kF16ValueChunk * kF16ValueChunk;
+      return LoadF16(d, x + c0 * bt + t * kF16ValueChunk + (c - c0));
+    }
+    return LoadF16(d, x + detail::f16_sealed_value_index(t, c, hd, bt));
   }
 };
 
@@ -336,7 +338,8 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
 
   const size_t row_bytes = (head_bytes + bt - 1) / bt;
   const auto* kt = reinterpret_cast<const uint16_t*>(Bytes(kv.k[b]) + st.head_off);
-  const Rows kr(Bytes(kv.k[b]) + st.head_off, hd, bt), vr(Bytes(kv.v[b]) + st.head_off, hd, bt);
+  const uint8_t* vh = Bytes(kv.v[b]) + st.head_off;
+  const Rows kr(Bytes(kv.k[b]) + st.head_off, hd, bt), vr(vh, hd, bt);
   const bool sealed = (b + 1) * bt <= static_cast<size_t>(kv.len);  // kv_format.h's sealed layout
   const int block_end = static_cast<int>(std::min((b + 1) * bt, static_cast<size_t>(st.max_limit)));
   for (int t0 = static_cast<int>(b * bt); t0 < block_end;) {
@@ -369,7 +372,6 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
         AccumulateRows<NQ, decltype(width)::value>(d, rows, tb, n, st.s, c, st.acc, next_values);
       });
     };
-    const uint8_t* vh = Bytes(kv.v[b]) + st.head_off;
     if (sealed && hd % kF16ValueChunk == 0) {
       add_values(F16ValueChunks<true>(vh, hd, bt));
     } else if (sealed) {

@@ -15,6 +15,17 @@ constexpr int kMaxHeadDim = 256;  // attention keeps a head's accumulators on th
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, sizeof v); }
+
+// Moves a head block's `bytes` of data at `data` between the row layout and the sealed one, by way
+// of scratch: each(move) calls move(at_rows, at_sealed, n) for every run of n bytes, with its
+// offsets in either layout.
+template <class Each>
+void relayout(uint8_t* data, size_t bytes, uint8_t* scratch, bool seal, const Each& each) {
+  std::memcpy(scratch, data, bytes);
+  each([&](size_t at_rows, size_t at_sealed, size_t n) {
+    std::memcpy(data + (seal ? at_sealed : at_rows), scratch + (seal ? at_rows : at_sealed), n);
+  });
+}
 float load_f32(const uint8_t* p) {
   float v;
   std::memcpy(&v, p, sizeof v);
@@ -56,33 +67,27 @@ class F16Format final : public KvFormatBase {
     f16_to_f32(row, dst, size_t(hd));
   }
   void seal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
-    relayout(part, hb, size_t(hd), size_t(bt), scratch, true);
+    relayout_f16(part, hb, size_t(hd), size_t(bt), scratch, true);
   }
   void unseal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
-    relayout(part, hb, size_t(hd), size_t(bt), scratch, false);
+    relayout_f16(part, hb, size_t(hd), size_t(bt), scratch, false);
   }
 
  private:
-  // Rows <-> the sealed layout, by way of scratch: keys element by element, values a chunk row
-  // (16 elements) at a time.
-  static void relayout(KvPart part, uint8_t* hb, size_t hd, size_t bt, uint8_t* scratch, bool seal) {
-    std::memcpy(scratch, hb, bt * hd * sizeof(uint16_t));
-    const auto* from = reinterpret_cast<const uint16_t*>(scratch);
-    auto* to = reinterpret_cast<uint16_t*>(hb);
-    if (part == KvPart::key) {
-      for (size_t t = 0; t < bt; ++t)
-        for (size_t i = 0; i < hd; ++i) {
-          const size_t rows = t * hd + i, sealed = detail::f16_sealed_key_index(t, i, hd, bt);
-          to[seal ? sealed : rows] = from[seal ? rows : sealed];
-        }
-      return;
-    }
-    for (size_t c0 = 0; c0 < hd; c0 += kF16ValueChunk)
-      for (size_t t = 0; t < bt; ++t) {
-        const size_t rows = t * hd + c0, sealed = detail::f16_sealed_value_index(t, c0, hd, bt);
-        const size_t bytes = std::min(kF16ValueChunk, hd - c0) * sizeof(uint16_t);
-        std::memcpy(to + (seal ? sealed : rows), from + (seal ? rows : sealed), bytes);
+  // Keys move element by element, values a chunk row (up to 16 elements) at a time.
+  static void relayout_f16(KvPart part, uint8_t* hb, size_t hd, size_t bt, uint8_t* scratch, bool seal) {
+    constexpr size_t e = sizeof(uint16_t);
+    relayout(hb, bt * hd * e, scratch, seal, [&](const auto& move) {
+      if (part == KvPart::key) {
+        for (size_t t = 0; t < bt; ++t)
+          for (size_t i = 0; i < hd; ++i) move((t * hd + i) * e, detail::f16_sealed_key_index(t, i, hd, bt) * e, e);
+        return;
       }
+      for (size_t c0 = 0; c0 < hd; c0 += kF16ValueChunk)
+        for (size_t t = 0; t < bt; ++t)
+          move((t * hd + c0) * e, detail::f16_sealed_value_index(t, c0, hd, bt) * e,
+               std::min(kF16ValueChunk, hd - c0) * e);
+    });
   }
 };
 
@@ -112,24 +117,21 @@ class Q8Format final : public QuantFormatBase {
     const auto* data = reinterpret_cast<const int8_t*>(hb + size_t(bt) * sizeof(float));
     for (size_t i = 0; i < size_t(hd); ++i) dst[i] = static_cast<float>(data[detail::q8_value_index(size_t(t), i, size_t(hd))]) * scale;
   }
-  // Keys [bt][hd] <-> [hd/2][bt][2], by way of scratch.
+  // Keys [bt][hd] <-> [hd/2][bt][2].
   void seal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
-    if (part == KvPart::key && detail::q8_seals_keys(size_t(hd))) transpose_keys(hb, hd, bt, scratch, true);
+    if (part == KvPart::key && detail::q8_seals_keys(size_t(hd))) relayout_keys(hb, size_t(hd), size_t(bt), scratch, true);
   }
   void unseal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
-    if (part == KvPart::key && detail::q8_seals_keys(size_t(hd))) transpose_keys(hb, hd, bt, scratch, false);
+    if (part == KvPart::key && detail::q8_seals_keys(size_t(hd))) relayout_keys(hb, size_t(hd), size_t(bt), scratch, false);
   }
 
  private:
-  static void transpose_keys(uint8_t* hb, int hd, int bt, uint8_t* scratch, bool seal) {
-    uint8_t* data = hb + size_t(bt) * sizeof(float);
-    std::memcpy(scratch, data, size_t(bt) * size_t(hd));
-    for (size_t t = 0; t < size_t(bt); ++t)
-      for (size_t i = 0; i < size_t(hd); i += 2) {
-        const size_t in_rows = detail::q8_key_index(false, t, i, size_t(hd), size_t(bt));
-        const size_t in_pairs = detail::q8_key_index(true, t, i, size_t(hd), size_t(bt));
-        std::memcpy(data + (seal ? in_pairs : in_rows), scratch + (seal ? in_rows : in_pairs), 2);
-      }
+  static void relayout_keys(uint8_t* hb, size_t hd, size_t bt, uint8_t* scratch, bool seal) {
+    relayout(hb + bt * sizeof(float), bt * hd, scratch, seal, [&](const auto& move) {
+      for (size_t t = 0; t < bt; ++t)
+        for (size_t i = 0; i < hd; i += 2)
+          move(detail::q8_key_index(false, t, i, hd, bt), detail::q8_key_index(true, t, i, hd, bt), 2);
+    });
   }
 };
 
