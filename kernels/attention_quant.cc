@@ -839,13 +839,11 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       // outputs it reaches (its group's, for q4) are NaN, as they are from the decoded row.
       smax[g] = hn::AllFalse(dt, nan) ? hn::GetLane(hn::MaxOfLanes(dt, vmax)) : std::numeric_limits<float>::quiet_NaN();
     }
+    float pmax[NQ];
+    SoftmaxFoldTiles<NQ>(dt, df, st.s, n, kTileT, st.m, st.l, st.acc, hd, pmax);
     for (int j = 0; j < NQ; ++j) {
-      SoftmaxFoldTile(dt, df, st.s[j], n, kTileT, st.m[j], st.l[j], st.acc[j], hd);
-      auto vmax = hn::Load(dt, st.s[j]);
-      for (int c = 1; c < chunks; ++c) vmax = hn::Max(vmax, hn::Load(dt, st.s[j] + static_cast<size_t>(c) * LT));
-      const float pmax = hn::GetLane(hn::MaxOfLanes(dt, vmax));
       for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
-        const float bound = pmax * smax[g];
+        const float bound = pmax[j] * smax[g];
         ValueWeights& vw = st.vw[j][g];
         vw.factor = bound / kWeightLevels<kQ4>;
         const float inv = bound > 0.0f ? kWeightLevels<kQ4> / bound : 0.0f;
