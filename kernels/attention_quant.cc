@@ -527,12 +527,15 @@ HWY_INLINE void ScoreSealedPassQ8(DK dk, const int8_t* kt, size_t stride, const 
 // registers.
 constexpr int kSealedPassQ = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
-// Key vectors per sealed q8 pass of NP queries. One query keeps no key across queries, and takes
-// a whole tile per pass, so that the keys are read in memory order (row e of 64 keys is 128
-// bytes): with 4 vectors, half of each row per pass, GQA 1 read 3-10 % slower from memory.
+// Key vectors per sealed q8 pass of NP queries: at most a key group (kQ8KeyGroup keys), so that a
+// pass reads one run of memory. Over keys transposed as a whole block ([hd/2][bt][2]), the passes
+// of 32 keys read 64 bytes of every 128, and GQA 4 read 6-37 % slower from memory (AMD EPYC
+// Zen 3, 2 threads, ctx 512/4096, batch 16/64, medians of 5 alternating runs).
 template <int NP, class DK>
 constexpr int SealedVectors() {
-  return NP == 1 ? std::min<int>(8, kTileT / static_cast<int>(hn::MaxLanes(DK()) / 2)) : 4;
+  constexpr int group = static_cast<int>(kQ8KeyGroup) / static_cast<int>(hn::MaxLanes(DK()) / 2);
+  static_assert(group >= 1, "a vector of keys must fit a key group");
+  return std::min(NP == 1 ? 8 : 4, group);
 }
 
 // ScoreSealedQ8 for the queries qq [NQ], in passes of kSealedPassQ.
@@ -547,16 +550,19 @@ HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scale
   } else {
     constexpr int W = SealedVectors<NQ, DK>();
     const size_t TV = hn::Lanes(dk) / 2;
-    size_t v = 0;  // keys done
+    // Key t's first pair, and the keys of its group (the stride between its pairs).
+    const auto at = [&](size_t t) { return kd + detail::q8_key_index(true, t, 0, hd, bt); };
+    const auto width = [&](size_t t) { return std::min(kQ8KeyGroup, bt - t / kQ8KeyGroup * kQ8KeyGroup); };
+    size_t v = 0;  // keys done; passes start at multiples of their keys, so each lies in one group
     for (; v + W * TV <= n && tb + v + W * TV <= bt; v += W * TV)
-      ScoreSealedPassQ8<NQ, W>(dk, kd + (tb + v) * 2, bt, scales + tb + v, hd, qq, s, v, cadence, fetch);
+      ScoreSealedPassQ8<NQ, W>(dk, at(tb + v), width(tb + v), scales + tb + v, hd, qq, s, v, cadence, fetch);
     for (; v < n && tb + v + TV <= bt; v += TV)
-      ScoreSealedPassQ8<NQ, 1>(dk, kd + (tb + v) * 2, bt, scales + tb + v, hd, qq, s, v, cadence, fetch);
+      ScoreSealedPassQ8<NQ, 1>(dk, at(tb + v), width(tb + v), scales + tb + v, hd, qq, s, v, cadence, fetch);
     if (v < n) {  // the block's last keys, fewer than TV: copied into a block of TV keys
       HWY_ALIGN int8_t keys[kMaxHeadDim / 2 * 32] = {};
       HWY_ALIGN float sc[16] = {};
-      const size_t m = bt - (tb + v);
-      for (size_t e = 0; e < hd / 2; ++e) std::memcpy(keys + e * TV * 2, kd + (e * bt + tb + v) * 2, m * 2);
+      const size_t m = bt - (tb + v), stride = width(tb + v);
+      for (size_t e = 0; e < hd / 2; ++e) std::memcpy(keys + e * TV * 2, at(tb + v) + e * stride * 2, m * 2);
       std::memcpy(sc, scales + tb + v, m * sizeof(float));
       ScoreSealedPassQ8<NQ, 1>(dk, keys, TV, sc, hd, qq, s, v, cadence, fetch);
     }
@@ -564,7 +570,7 @@ HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scale
 }
 
 // s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
-// [tb, tb + n) of a sealed q8 head block (keys [hd/2][bt][2] int8 at kd, fp32 scales [bt]). The
+// [tb, tb + n) of a sealed q8 head block (key groups at kd, fp32 scales [bt]). The
 // bytes [pf_begin, pf_end) of the head block at kn are fetched meanwhile, in about 16 steps, as
 // the row-major keys are (in bursts of a quarter tile, GQA 1 read slower from memory).
 template <int NQ, class DK>
@@ -619,17 +625,26 @@ HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const ValueWeights& vw, int quad) {
   return hn::Set(d32, word);
 }
 
-// acc[j][c0, c0 + CU * L) += factor_j * (sum over the tile's quads of weights . values): q8
-// value quads [n_quads][hd][4] int8, weights vw[j][0] per query. fetch.Next() before every quad,
-// so the next rows' prefetch trickles out (as in the fp16 kernel).
-template <int NQ, int CU, class DF, class Fetch>
-HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* quads, size_t hd, int n_quads,
+// acc[j][c0, c0 + CU * L) += factor_j * (sum over the tile's quads of weights . values): the
+// quads [kq0, kq0 + n_quads) of q8 value chunks at vd (kv_format.h), weights vw[j][0] per query.
+// kWhole: every chunk is kQ8ValueChunk elements wide (then one offset serves all vectors).
+// fetch.Next() before every quad, so the next rows' prefetch trickles out (as in the fp16 kernel).
+template <int NQ, int CU, bool kWhole, class DF, class Fetch>
+HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt, size_t kq0, int n_quads,
                                   const ValueWeights (*vw)[kMaxGroups], size_t c0, float (*acc)[kMaxHeadDim],
                                   Fetch& fetch) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<int8_t, decltype(d32)> d8;
   using VI = hn::Vec<decltype(d32)>;
   const size_t L = hn::Lanes(df);
+  const int8_t* first[CU];  // vector u's bytes of quad kq0; its chunk's quads are `step` bytes apart
+  size_t step[CU];
+#pragma GCC unroll 8
+  for (int u = 0; u < CU; ++u) {
+    const size_t c = c0 + u * L;
+    first[u] = vd + detail::q8_value_index(kq0 * 4, c, hd, bt);
+    step[u] = kWhole ? kQ8ValueChunk * 4 : std::min(kQ8ValueChunk, hd - c / kQ8ValueChunk * kQ8ValueChunk) * 4;
+  }
   VI a[CU][NQ];
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
@@ -637,10 +652,12 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* quads, size_t hd, int n_q
     for (int u = 0; u < CU; ++u) a[u][j] = hn::Zero(d32);
   for (int k = 0; k < n_quads; ++k) {
     fetch.Next();
-    const int8_t* quad = quads + static_cast<size_t>(k) * hd * 4;
     VI v[CU];
 #pragma GCC unroll 8
-    for (int u = 0; u < CU; ++u) v[u] = hn::BitCast(d32, hn::LoadU(d8, quad + (c0 + u * L) * 4));
+    for (int u = 0; u < CU; ++u) {
+      const size_t off = static_cast<size_t>(k) * (kWhole ? kQ8ValueChunk * 4 : step[u]);
+      v[u] = hn::BitCast(d32, hn::LoadU(d8, first[u] + off));
+    }
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
       const VI w = QuadWeights(d32, vw[j][0], k);
@@ -875,10 +892,15 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       }
     } else {
       constexpr int CQ = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;  // chunks per pass
-      const auto* quads = reinterpret_cast<const int8_t*>(vd) + tb / 4 * hd * 4;
+      const auto* chunks_at = reinterpret_cast<const int8_t*>(vd);
       PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads));
       ForEachPass<CQ, 2>(hd, L, [&](size_t c, auto width) {
-        AccumulateQuadsQ8<NQ, decltype(width)::value>(df, quads, hd, n_quads, st.vw, c, st.acc, next_values);
+        constexpr int CU = decltype(width)::value;
+        if (hd % kQ8ValueChunk == 0) {
+          AccumulateQuadsQ8<NQ, CU, true>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc, next_values);
+        } else {
+          AccumulateQuadsQ8<NQ, CU, false>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc, next_values);
+        }
       });
     }
   }

@@ -106,8 +106,10 @@ class Q8Format final : public QuantFormatBase {
     if (part == KvPart::key) {
       std::memcpy(data + detail::q8_key_index(false, size_t(t), 0, size_t(hd), size_t(bt)), q, size_t(hd));
     } else {
-      int8_t* row = data + detail::q8_value_index(size_t(t), 0, size_t(hd));  // every 4th byte
-      for (size_t i = 0; i < size_t(hd); ++i) row[4 * i] = q[i];
+      for (size_t c0 = 0; c0 < size_t(hd); c0 += kQ8ValueChunk) {
+        int8_t* row = data + detail::q8_value_index(size_t(t), c0, size_t(hd), size_t(bt));  // every 4th byte
+        for (size_t i = c0; i < std::min(size_t(hd), c0 + kQ8ValueChunk); ++i) row[4 * (i - c0)] = q[i];
+      }
     }
     store_f32(hb + size_t(t) * sizeof(float), scale);
   }
@@ -115,9 +117,9 @@ class Q8Format final : public QuantFormatBase {
     if (part == KvPart::key) return detail::q8_decode_key_row(hb, false, size_t(hd), size_t(bt), size_t(t), dst);
     const float scale = load_f32(hb + size_t(t) * sizeof(float));
     const auto* data = reinterpret_cast<const int8_t*>(hb + size_t(bt) * sizeof(float));
-    for (size_t i = 0; i < size_t(hd); ++i) dst[i] = static_cast<float>(data[detail::q8_value_index(size_t(t), i, size_t(hd))]) * scale;
+    for (size_t i = 0; i < size_t(hd); ++i) dst[i] = static_cast<float>(data[detail::q8_value_index(size_t(t), i, size_t(hd), size_t(bt))]) * scale;
   }
-  // Keys [bt][hd] <-> [hd/2][bt][2].
+  // Keys [bt][hd] <-> groups of [hd/2][32][2].
   void seal(KvPart part, uint8_t* hb, int hd, int bt, uint8_t* scratch) const override {
     if (part == KvPart::key && detail::q8_seals_keys(size_t(hd))) relayout_keys(hb, size_t(hd), size_t(bt), scratch, true);
   }

@@ -10,9 +10,13 @@
 //        elements left); fp16. A scoring pass reads one key group, and a value pass one chunk, as
 //        one run of memory (f16_sealed_key_index, f16_sealed_value_index).
 //   q8 : [block_tokens] fp32 scales, then keys [block_tokens][head_dim] int8, sealed (head_dim
-//        even) [head_dim/2][block_tokens][2] (pairs of elements, for int16 pair products), values
-//        [ceil(block_tokens/4)][head_dim][4] int8 (row t, element i at (t/4, i, t%4));
-//        x = q * scale, one scale per token per kv head (max|x| / 127).
+//        even) in groups of kQ8KeyGroup keys, each [head_dim/2][32][2] (pairs of elements, for
+//        int16 pair products; the last group as wide as the keys left), values in chunks of
+//        kQ8ValueChunk elements, each [ceil(block_tokens/4)][32][4] int8 (row t, element i of a
+//        chunk at (t/4, i, t%4); the last chunk as wide as the elements left), so that a scoring
+//        pass over a group, and a value pass over a chunk, reads one run of memory
+//        (q8_key_index, q8_value_index); x = q * scale, one scale per token per kv head
+//        (max|x| / 127).
 //   q4 : fp16 scales, then data. Keys: scales [ceil(block_tokens/4)][head_dim/32][4] (the
 //        scales of four consecutive rows sit side by side per group, so that one vector load
 //        serves four rows), data [block_tokens][head_dim/32][16] bytes. Values: scales
@@ -52,6 +56,9 @@ constexpr int kWeightTileKeys = 4 * kValueTileKeys;
 // Keys per group, and elements per chunk of the values, of a sealed f16 block.
 constexpr size_t kF16KeyGroup = 16;
 constexpr size_t kF16ValueChunk = 16;
+// The same for q8 (whose values are chunked in every block).
+constexpr size_t kQ8KeyGroup = 32;
+constexpr size_t kQ8ValueChunk = 32;
 
 class KvFormat {
  public:
@@ -126,9 +133,14 @@ inline size_t q4_data_offset(KvPart part, size_t block_tokens, size_t groups) {
 // block's data (all from the start of the data).
 inline bool q8_seals_keys(size_t head_dim) { return head_dim % 2 == 0; }
 inline size_t q8_key_index(bool sealed, size_t t, size_t i, size_t head_dim, size_t block_tokens) {
-  return sealed ? (i / 2 * block_tokens + t) * 2 + i % 2 : t * head_dim + i;
+  if (!sealed) return t * head_dim + i;
+  const size_t g0 = t / kQ8KeyGroup * kQ8KeyGroup, width = std::min(kQ8KeyGroup, block_tokens - g0);
+  return g0 * head_dim + (i / 2 * width + (t - g0)) * 2 + i % 2;
 }
-inline size_t q8_value_index(size_t t, size_t i, size_t head_dim) { return (t / 4 * head_dim + i) * 4 + t % 4; }
+inline size_t q8_value_index(size_t t, size_t i, size_t head_dim, size_t block_tokens) {
+  const size_t c0 = i / kQ8ValueChunk * kQ8ValueChunk, width = std::min(kQ8ValueChunk, head_dim - c0);
+  return (c0 * ((block_tokens + 3) / 4) + t / 4 * width + (i - c0)) * 4 + t % 4;
+}
 // Key row t of a q8 head block into dst [head_dim]: decode_row's keys, also from a sealed block.
 void q8_decode_key_row(const uint8_t* head_block, bool sealed, size_t head_dim, size_t block_tokens, size_t t,
                        float* dst);

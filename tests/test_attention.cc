@@ -667,6 +667,10 @@ TEST_CASE("quantized attention handles narrow and odd heads", "[attention]") {
   for (int len : {1, 7, 33, 100}) {
     check_quant_case(KvDtype::q8, len, 8, 2, std::min(len, 3), 16, uint32_t(len));  // stories260K
     check_quant_case(KvDtype::q8, len, 20, 1, 1, 5, uint32_t(len + 1));            // no vector path
+    // q8 blocks of 40 tokens end in a key group of 8; head_dim 48 ends in a value chunk of 16,
+    // head_dim 24 is one chunk of 24 (narrow vectors).
+    check_quant_case(KvDtype::q8, len, 48, 4, 1, 40, uint32_t(len + 4));
+    check_quant_case(KvDtype::q8, len, 24, 2, std::min(len, 2), 40, uint32_t(len + 5));
     check_quant_case(KvDtype::q4, len, 32, 4, 1, 5, uint32_t(len + 2));
     check_quant_case(KvDtype::q4, len, 256, 3, std::min(len, 2), 48, uint32_t(len + 3));
   }
@@ -674,9 +678,11 @@ TEST_CASE("quantized attention handles narrow and odd heads", "[attention]") {
 
 TEST_CASE("quantized attention gives the same answer on every SIMD target", "[attention]") {
   using fd::kernels::KvDtype;
-  for (auto [dt, hd] : {std::pair{KvDtype::q8, 64}, {KvDtype::q8, 8}, {KvDtype::q8, 128}, {KvDtype::q4, 32},
-                        {KvDtype::q4, 64}, {KvDtype::q4, 128}}) {
-    const QuantKv kv(dt, 2, hd, 16, 50, 31);
+  // q8 with head_dim 48 and blocks of 40: a partial key group and a partial value chunk.
+  for (auto [dt, hd, bt] : {std::tuple{KvDtype::q8, 64, 16}, {KvDtype::q8, 8, 16}, {KvDtype::q8, 128, 16},
+                            {KvDtype::q8, 48, 40}, {KvDtype::q4, 32, 16}, {KvDtype::q4, 64, 16},
+                            {KvDtype::q4, 128, 16}}) {
+    const QuantKv kv(dt, 2, hd, bt, 50, 31);
     const auto q = random_q(size_t(3) * 8 * hd, 2.0f, 32);
     std::vector<double> ref, tol;
     reference_scaled(transformed_q(q, hd, dt), 3, 47, kv.decoded(), 8, ref, tol);
