@@ -552,7 +552,7 @@ HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scale
     const size_t TV = hn::Lanes(dk) / 2;
     // Key t's first pair, and the keys of its group (the stride between its pairs).
     const auto at = [&](size_t t) { return kd + detail::q8_key_index(true, t, 0, hd, bt); };
-    const auto width = [&](size_t t) { return std::min(kQ8KeyGroup, bt - t / kQ8KeyGroup * kQ8KeyGroup); };
+    const auto width = [&](size_t t) { return detail::run_of(t, kQ8KeyGroup, bt).width; };
     size_t v = 0;  // keys done; passes start at multiples of their keys, so each lies in one group
     for (; v + W * TV <= n && tb + v + W * TV <= bt; v += W * TV)
       ScoreSealedPassQ8<NQ, W>(dk, at(tb + v), width(tb + v), scales + tb + v, hd, qq, s, v, cadence, fetch);
@@ -643,7 +643,7 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt,
   for (int u = 0; u < CU; ++u) {
     const size_t c = c0 + u * L;
     first[u] = vd + detail::q8_value_index(kq0 * 4, c, hd, bt);
-    step[u] = kWhole ? kQ8ValueChunk * 4 : std::min(kQ8ValueChunk, hd - c / kQ8ValueChunk * kQ8ValueChunk) * 4;
+    step[u] = (kWhole ? kQ8ValueChunk : detail::run_of(c, kQ8ValueChunk, hd).width) * 4;
   }
   VI a[CU][NQ];
 #pragma GCC unroll 8

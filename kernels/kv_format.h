@@ -107,15 +107,25 @@ void attend_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_
 void attend_quant_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
                         const AttnDims& d, int kvh_begin, int kvh_end, float* out);
 
+// The key group or value chunk that holds item x of n, in runs of `run` items (the last one as
+// long as the items left): its first item and its length.
+struct Run {
+  size_t start, width;
+};
+inline Run run_of(size_t x, size_t run, size_t n) {
+  const size_t start = x / run * run;
+  return {start, std::min(run, n - start)};
+}
+
 // f16 layout: index of element i of row t in a sealed head block of bt rows and head_dim hd (in a
 // block not yet full it is t * hd + i).
 inline size_t f16_sealed_key_index(size_t t, size_t i, size_t head_dim, size_t block_tokens) {
-  const size_t g0 = t / kF16KeyGroup * kF16KeyGroup, width = std::min(kF16KeyGroup, block_tokens - g0);
-  return g0 * head_dim + i * width + (t - g0);
+  const Run g = run_of(t, kF16KeyGroup, block_tokens);
+  return g.start * head_dim + i * g.width + (t - g.start);
 }
 inline size_t f16_sealed_value_index(size_t t, size_t i, size_t head_dim, size_t block_tokens) {
-  const size_t c0 = i / kF16ValueChunk * kF16ValueChunk, width = std::min(kF16ValueChunk, head_dim - c0);
-  return c0 * block_tokens + t * width + (i - c0);
+  const Run c = run_of(i, kF16ValueChunk, head_dim);
+  return c.start * block_tokens + t * c.width + (i - c.start);
 }
 
 // q4 layout: index of the fp16 scale of row t, group g (of `groups` per row), and byte offset of
@@ -134,12 +144,12 @@ inline size_t q4_data_offset(KvPart part, size_t block_tokens, size_t groups) {
 inline bool q8_seals_keys(size_t head_dim) { return head_dim % 2 == 0; }
 inline size_t q8_key_index(bool sealed, size_t t, size_t i, size_t head_dim, size_t block_tokens) {
   if (!sealed) return t * head_dim + i;
-  const size_t g0 = t / kQ8KeyGroup * kQ8KeyGroup, width = std::min(kQ8KeyGroup, block_tokens - g0);
-  return g0 * head_dim + (i / 2 * width + (t - g0)) * 2 + i % 2;
+  const Run g = run_of(t, kQ8KeyGroup, block_tokens);
+  return g.start * head_dim + (i / 2 * g.width + (t - g.start)) * 2 + i % 2;
 }
 inline size_t q8_value_index(size_t t, size_t i, size_t head_dim, size_t block_tokens) {
-  const size_t c0 = i / kQ8ValueChunk * kQ8ValueChunk, width = std::min(kQ8ValueChunk, head_dim - c0);
-  return (c0 * ((block_tokens + 3) / 4) + t / 4 * width + (i - c0)) * 4 + t % 4;
+  const Run c = run_of(i, kQ8ValueChunk, head_dim);
+  return (c.start * ((block_tokens + 3) / 4) + t / 4 * c.width + (i - c.start)) * 4 + t % 4;
 }
 // Key row t of a q8 head block into dst [head_dim]: decode_row's keys, also from a sealed block.
 void q8_decode_key_row(const uint8_t* head_block, bool sealed, size_t head_dim, size_t block_tokens, size_t t,
