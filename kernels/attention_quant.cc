@@ -312,11 +312,12 @@ HWY_INLINE hn::Vec<D32> SumRows4InBlocks(D32 d32, V16 p0, V16 p1, V16 p2, V16 p3
 }
 #endif
 
-// s[j][col + i] = score of query j against key row rows[i] (i < 4) of a q4 head block, whose
-// four rows share the scale quad `scales` ([groups][4] fp16). DK: bytes per chunk (16, 32 or 64).
+// s[j][col + i] = score of query j against the q4 key row at rows[i] (i < 4, row_bytes each),
+// four rows that share the scale quad `scales` ([groups][4] fp16). DK: bytes per chunk (16, 32 or
+// 64).
 template <int NQ, class DK>
-HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const size_t* rows,
-                            const uint16_t* scales, const QuantQuery* qq, float (*s)[kTileT], size_t col) {
+HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* const* rows, size_t row_bytes, const uint16_t* scales,
+                            const QuantQuery* qq, float (*s)[kTileT], size_t col) {
   const hn::RebindToSigned<DK> di8;
   const hn::Repartition<int32_t, DK> d32;
   const hn::Repartition<float, DK> df;
@@ -330,7 +331,7 @@ HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const 
     hn::Vec<DK> lo[4], hi[4];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
-      const auto b = hn::LoadU(dk, data + rows[i] * row_bytes + c);
+      const auto b = hn::LoadU(dk, rows[i] + c);
       lo[i] = hn::And(b, hn::Set(dk, 15));
       hi[i] = hn::ShiftRight<4>(b);
     }
@@ -369,8 +370,8 @@ HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* data, size_t row_bytes, const 
 // two rows pairs' sums are reduced together; lane (b, i) of that reduction holds row
 // 2 * (i & 1) + b / 2, group b & 1, query i / 2 of the pair.
 template <int NQ>
-HWY_INLINE void ScoreQuadQ4Pairs(const uint8_t* data, size_t row0, const uint16_t* scales,
-                                 const QuantQuery* qq, float (*s)[kTileT], size_t col) {
+HWY_INLINE void ScoreQuadQ4Pairs(const uint8_t* quad, const uint16_t* scales, const QuantQuery* qq,
+                                 float (*s)[kTileT], size_t col) {
   const hn::Full512<uint8_t> d8;
   const hn::Full512<int8_t> di8;
   const hn::Full512<int32_t> d32;
@@ -381,7 +382,7 @@ HWY_INLINE void ScoreQuadQ4Pairs(const uint8_t* data, size_t row0, const uint16_
   HWY_ALIGN static constexpr int32_t kGroup0[16] = {0, 8, 1, 9, 2, 10, 3, 11, 0, 8, 1, 9, 2, 10, 3, 11};
   HWY_ALIGN static constexpr int32_t kGroup1[16] = {4, 12, 5, 13, 6, 14, 7, 15, 4, 12, 5, 13, 6, 14, 7, 15};
   const auto sc = hn::TableLookupLanes(LoadF16(df, scales), hn::SetTableIndices(df, kScaleAt));
-  const auto b01 = hn::LoadU(d8, data + row0 * 32), b23 = hn::LoadU(d8, data + (row0 + 2) * 32);
+  const auto b01 = hn::LoadU(d8, quad), b23 = hn::LoadU(d8, quad + 64);
   const auto lo01 = hn::And(b01, hn::Set(d8, 15)), hi01 = hn::ShiftRight<4>(b01);
   const auto lo23 = hn::And(b23, hn::Set(d8, 15)), hi23 = hn::ShiftRight<4>(b23);
   hn::Vec<decltype(d32)> a[NQ][2];
@@ -406,6 +407,37 @@ HWY_INLINE void ScoreQuadQ4Pairs(const uint8_t* data, size_t row0, const uint16_
   }
 }
 #endif
+
+// s[j][0, n) = scores of query j against the n q4 key rows at `data` (row_bytes each; the first
+// starts a scale quad), whose scale quads follow each other at `scales`. A whole quad's rows are
+// consecutive, so that a quad costs no index arithmetic; a last partial quad repeats its last row.
+// fetch.Next() once per quad (a copy, whose position then stays in a register). Not inlined: in
+// its own function the loop keeps its pointers in registers (inlined into AttendBlockQuant it
+// spilled them, and index arithmetic and spills were most of the instructions per key at GQA 1).
+template <int NQ, class DK>
+HWY_NOINLINE void ScoreTileQ4(DK dk, const uint8_t* data, size_t row_bytes, size_t groups, int n,
+                              const uint16_t* scales, const QuantQuery* qq, float (*s)[kTileT],
+                              PacedPrefetch fetch) {
+  const size_t quad_bytes = 4 * row_bytes, quad_scales = 4 * groups;
+  int t = 0;
+  for (; t + 4 <= n; t += 4, data += quad_bytes, scales += quad_scales) {
+    fetch.Next();
+#if FD_X86_VNNI
+    if (row_bytes == 32) {
+      ScoreQuadQ4Pairs<NQ>(data, scales, qq, s, static_cast<size_t>(t));
+      continue;
+    }
+#endif
+    const uint8_t* rows[4] = {data, data + row_bytes, data + 2 * row_bytes, data + 3 * row_bytes};
+    ScoreQuadQ4<NQ>(dk, rows, row_bytes, scales, qq, s, static_cast<size_t>(t));
+  }
+  if (t < n) {  // scores of rows >= n are set to -inf later
+    fetch.Next();
+    const uint8_t* rows[4];
+    for (int i = 0; i < 4; ++i) rows[i] = data + static_cast<size_t>(std::min(i, n - 1 - t)) * row_bytes;
+    ScoreQuadQ4<NQ>(dk, rows, row_bytes, scales, qq, s, static_cast<size_t>(t));
+  }
+}
 
 // The same for a q8 head block whose keys are rows of int8 (one not yet full; see ScoreSealedQ8),
 // with fp32 scales `scales` (indexed by row).
@@ -806,6 +838,10 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       if constexpr (!kQ4)
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
                           static_cast<size_t>(n), bt, hd, st.qq, st.s, kn, pf_begin, pf_end);
+    } else if constexpr (kQ4) {
+      ScoreTileQ4<NQ>(dk, kd + tb * row_bytes, row_bytes, groups, n,
+                      reinterpret_cast<const uint16_t*>(kb) + tb / 4 * groups * 4, st.qq, st.s,
+                      PacedPrefetch(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4));
     } else {
       PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
       for (int t = 0; t < n; t += 4) {
@@ -813,21 +849,8 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         size_t rows[4];
         for (int i = 0; i < 4; ++i) rows[i] = tb + static_cast<size_t>(std::min(t + i, n - 1));
         const size_t col = static_cast<size_t>(t);  // scores of rows >= n are set to -inf later
-        if constexpr (kQ4) {
-          const auto* sc = reinterpret_cast<const uint16_t*>(kb) + (tb + col) / 4 * groups * 4;
-#if FD_X86_VNNI
-          if (hd == 64 && t + 4 <= n) {
-            ScoreQuadQ4Pairs<NQ>(kd, tb + col, sc, st.qq, st.s, col);
-          } else {
-            ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, st.s, col);
-          }
-#else
-          ScoreQuadQ4<NQ>(dk, kd, row_bytes, rows, sc, st.qq, st.s, col);
-#endif
-        } else {
-          ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows,
-                          reinterpret_cast<const float*>(kb), st.qq, st.s, col);
-        }
+        ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows, reinterpret_cast<const float*>(kb),
+                        st.qq, st.s, col);
       }
     }
     MaskInvisible<NQ>(st.s, tile.limit, st.min_limit, t0, n);
@@ -872,10 +895,12 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     }
     const int n_quads = (n + 3) / 4;
     if constexpr (kQ4) {
-      // Units per pass. Three or four queries keep 2 * CQ * NQ sums: at CQ 2 as many as AVX2 has
-      // registers, and CQ 1 read hd64 and hd128 GQA 4 3-6 % faster there (one core, KV in L2,
-      // AMD EPYC Zen 3, concurrent A/B).
-      constexpr int CQ = NQ == 1 ? 8 : NQ == 2 ? 4 : (NQ <= 4 && HWY_TARGET <= HWY_AVX3) ? 2 : 1;
+      // Units per pass; a pass keeps 2 * CQ * NQ sums. Three or four queries: at CQ 2 as many as
+      // AVX2 has registers, and CQ 1 read hd64 and hd128 GQA 4 3-6 % faster there (one core, KV in
+      // L2, AMD EPYC Zen 3, concurrent A/B). One query: CQ 4 on AVX2 (8 sums; 8 took all 16
+      // registers) read hd128 GQA 1 14.2 -> 16.0 GB/s, hd64 12.5 -> 12.8 (same setup, best of 5).
+      constexpr int CQ = NQ == 1 ? (HWY_TARGET <= HWY_AVX3 ? 8 : 4)
+                                 : NQ == 2 ? 4 : (NQ <= 4 && HWY_TARGET <= HWY_AVX3) ? 2 : 1;
       const size_t units = hd / (2 * L);
       const uint8_t* quads = vd + tb / 4 * groups * 64;
       PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(n_quads));
