@@ -839,8 +839,8 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
                           static_cast<size_t>(n), bt, hd, st.qq, st.s, kn, pf_begin, pf_end);
     } else if constexpr (kQ4) {
-      ScoreTileQ4<NQ>(dk, kd + tb * row_bytes, row_bytes, groups, n,
-                      reinterpret_cast<const uint16_t*>(kb) + tb / 4 * groups * 4, st.qq, st.s,
+      const auto* scales = reinterpret_cast<const uint16_t*>(kb) + detail::q4_scale_index(KvPart::key, tb, 0, groups);
+      ScoreTileQ4<NQ>(dk, kd + tb * row_bytes, row_bytes, groups, n, scales, st.qq, st.s,
                       PacedPrefetch(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4));
     } else {
       PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
