@@ -897,8 +897,9 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     if constexpr (kQ4) {
       // Units per pass; a pass keeps 2 * CQ * NQ sums. Three or four queries: at CQ 2 as many as
       // AVX2 has registers, and CQ 1 read hd64 and hd128 GQA 4 3-6 % faster there (one core, KV in
-      // L2, AMD EPYC Zen 3, concurrent A/B). One query: CQ 4 on AVX2 (8 sums; 8 took all 16
-      // registers) read hd128 GQA 1 14.2 -> 16.0 GB/s, hd64 12.5 -> 12.8 (same setup, best of 5).
+      // L2, AMD EPYC Zen 3, concurrent A/B). One query: CQ 4 on AVX2 (8 sums; CQ 8's 16 sums
+      // took all its registers) read hd128 GQA 1 14.2 -> 16.0 GB/s, hd64 12.5 -> 12.8 (same setup,
+      // best of 5).
       constexpr int CQ = NQ == 1 ? (HWY_TARGET <= HWY_AVX3 ? 8 : 4)
                                  : NQ == 2 ? 4 : (NQ <= 4 && HWY_TARGET <= HWY_AVX3) ? 2 : 1;
       const size_t units = hd / (2 * L);
