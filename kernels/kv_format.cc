@@ -86,7 +86,7 @@ class F16Format final : public KvFormatBase {
       for (size_t c0 = 0; c0 < hd; c0 += kF16ValueChunk)
         for (size_t t = 0; t < bt; ++t)
           move((t * hd + c0) * e, detail::f16_sealed_value_index(t, c0, hd, bt) * e,
-               std::min(kF16ValueChunk, hd - c0) * e);
+               detail::run_of(c0, kF16ValueChunk, hd).width * e);
     });
   }
 };
@@ -108,7 +108,8 @@ class Q8Format final : public QuantFormatBase {
     } else {
       for (size_t c0 = 0; c0 < size_t(hd); c0 += kQ8ValueChunk) {
         int8_t* row = data + detail::q8_value_index(size_t(t), c0, size_t(hd), size_t(bt));  // every 4th byte
-        for (size_t i = c0; i < std::min(size_t(hd), c0 + kQ8ValueChunk); ++i) row[4 * (i - c0)] = q[i];
+        const size_t width = detail::run_of(c0, kQ8ValueChunk, size_t(hd)).width;
+        for (size_t i = 0; i < width; ++i) row[4 * i] = q[c0 + i];
       }
     }
     store_f32(hb + size_t(t) * sizeof(float), scale);
