@@ -234,9 +234,7 @@ struct QuantQuery {
   HWY_ALIGN int16_t q16[kMaxHeadDim];     // q8: the integers in element order
   HWY_ALIGN int8_t lo[kMaxHeadDim / 2];   // q4: byte j of group g: element 32g + j ...
   HWY_ALIGN int8_t hi[kMaxHeadDim / 2];   // ... and element 32g + 16 + j, matching the nibbles
-  HWY_ALIGN int32_t init[kMaxHeadDim / 8];  // q4 with VNNI: lane 4g holds -8 * (sum of group g), else 0
-  HWY_ALIGN int32_t init_rows[kMaxHeadDim / 8];  // q4 without: lanes [4g, 4g + 4) hold -8 * (sum of group g)
-  // (q4 with head_dim 64: lo, hi and init hold their 32 bytes twice.)
+  int32_t group_init[kMaxHeadDim / 32];   // q4: -8 * (sum of group g), for the nibbles' offset
 };
 
 // QuantizeQueryInts in vectors when Lanes(df) divides hd (the same integers and scale: the
@@ -277,166 +275,151 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
         qq.hi[g * 16 + j] = static_cast<int8_t>(qi[g * 32 + 16 + j]);
         sum += qi[g * 32 + j] + qi[g * 32 + 16 + j];
       }
-      for (size_t i = 0; i < 4; ++i) {
-        qq.init[g * 4 + i] = i == 0 ? -8 * sum : 0;
-        qq.init_rows[g * 4 + i] = -8 * sum;
-      }
-    }
-    if (hd == 64) {  // a second copy for ScoreQuadQ4Pairs, which scores two rows per vector
-      std::copy_n(qq.lo, 32, qq.lo + 32);
-      std::copy_n(qq.hi, 32, qq.hi + 32);
-      std::copy_n(qq.init, 8, qq.init + 8);
+      qq.group_init[g] = -8 * sum;
     }
   } else {
     for (size_t c = 0; c < hd; ++c) qq.q16[c] = static_cast<int16_t>(qi[c]);
   }
 }
 
-#if !FD_X86_VNNI
-// Lane i of block b of the int32 result = the sum of the int16 lanes of block b of p_i, for p_i
-// whose sums of four lanes fit int16: Sum4InBlocks's transpose, on lane pairs added in int16 and
-// widened once (one pmaddwd where summing each row first took four).
-template <class D32, class V16>
-HWY_INLINE hn::Vec<D32> SumRows4InBlocks(D32 d32, V16 p0, V16 p1, V16 p2, V16 p3) {
-  const hn::Repartition<int16_t, D32> d16;
-  const hn::Repartition<uint64_t, D32> d64;
-  const auto fold = [&](V16 a, V16 b) HWY_ATTR {  // int32 lane 2k + r: pairs k and k + 2 of row r
-    const auto a32 = hn::BitCast(d32, a), b32 = hn::BitCast(d32, b);
-    return hn::Add(hn::BitCast(d16, hn::InterleaveLower(d32, a32, b32)),
-                   hn::BitCast(d16, hn::InterleaveUpper(d32, a32, b32)));
-  };
-  const auto x01 = hn::BitCast(d64, fold(p0, p1)), x23 = hn::BitCast(d64, fold(p2, p3));
-  const auto sums = hn::Add(hn::BitCast(d16, hn::InterleaveLower(d64, x01, x23)),
-                            hn::BitCast(d16, hn::InterleaveUpper(d64, x01, x23)));
-  return SumPairs(d32, sums);
+// Queries per q4 scoring pass, and key vectors per pass of NP queries: each keeps NP * W integer
+// and as many fp32 sums, within the register file (16 vectors; 32 on AVX-512) and a tile.
+constexpr int kQ4PassQ = 4;
+template <int NP, class D32>
+constexpr int Q4KeyVectors() {
+  constexpr int sums = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
+  constexpr int tile = static_cast<int>(kTileT / hn::MaxLanes(D32()));
+  int w = 1;
+  while (2 * w * NP <= sums && 2 * w <= tile) w *= 2;
+  return w;
 }
-#endif
 
-// s[j][col + i] = score of query j against the q4 key row at rows[i] (i < 4, row_bytes each),
-// four rows that share the scale quad `scales` ([groups][4] fp16). DK: bytes per chunk (16, 32 or
-// 64).
-template <int NQ, class DK>
-HWY_INLINE void ScoreQuadQ4(DK dk, const uint8_t* const* rows, size_t row_bytes, const uint16_t* scales,
-                            const QuantQuery* qq, float (*s)[kTileT], size_t col) {
-  const hn::RebindToSigned<DK> di8;
-  const hn::Repartition<int32_t, DK> d32;
-  const hn::Repartition<float, DK> df;
-  const hn::Full128<float> d4;
+// s[j][col + w * K + i] = score of query j against key `key` + w * K + i of a q4 head block (keys
+// at `data`, scales at `scales`, kv_format.h) for W vectors of K = Lanes(d32) keys, which lie in
+// one key group each. A vector holds four bytes of K keys, so every int32 lane of the dot
+// products sums into one key: no horizontal sums. fetch.Next() once per scale group.
+template <int NP, int W, class D8, class Fetch>
+HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t key, size_t hd,
+                                  const QuantQuery* qq, float (*s)[kTileT], size_t col, Fetch& fetch) {
+  const hn::RebindToSigned<D8> di8;
+  const hn::Repartition<int32_t, D8> d32;
+  const hn::Repartition<float, D8> df;
   using VF = hn::Vec<decltype(df)>;
-  const size_t LB = hn::Lanes(dk);
-  VF f[NQ];
+  const size_t K = hn::Lanes(d32), groups = hd / 32;
+  const uint8_t* k0[W];    // step 0 of each vector's keys; a step (8 elements) is 64 bytes
+  const uint16_t* sc0[W];  // group 0 of each vector's scales; a group is kQ4ScaleRows scales
 #pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j) f[j] = hn::Zero(df);
-  for (size_t c = 0; c < row_bytes; c += LB) {
-    hn::Vec<DK> lo[4], hi[4];
+  for (int w = 0; w < W; ++w) {
+    const size_t t = key + static_cast<size_t>(w) * K;
+    k0[w] = data + detail::q4_key_index(t, 0, hd);
+    sc0[w] = scales + detail::q4_scale_index(t, 0, groups);
+  }
+  VF f[W][NP];
+#pragma GCC unroll 8
+  for (int w = 0; w < W; ++w)
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      const auto b = hn::LoadU(dk, rows[i] + c);
-      lo[i] = hn::And(b, hn::Set(dk, 15));
-      hi[i] = hn::ShiftRight<4>(b);
-    }
-    const VF sc = LoadF16(df, scales + c / 4);
-#pragma GCC unroll 8
-    for (int j = 0; j < NQ; ++j) {
-      const auto ql = hn::Load(di8, qq[j].lo + c), qh = hn::Load(di8, qq[j].hi + c);
+    for (int j = 0; j < NP; ++j) f[w][j] = hn::Zero(df);
+  const auto word = [&](const int8_t* bytes) HWY_ATTR {
+    int32_t x;
+    std::memcpy(&x, bytes, sizeof x);
+    return hn::BitCast(di8, hn::Set(d32, x));
+  };
+  for (size_t g = 0; g < groups; ++g) {
+    fetch.Next();
 #if FD_X86_VNNI
-      // The same sums as below (exact either way), four bytes per lane in two instructions.
-      const auto init = hn::Load(d32, qq[j].init + c / 4);
-      hn::Vec<decltype(d32)> a[4];
+    hn::Vec<decltype(d32)> a[W][NP];  // the group's sums, from its nibble offset
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i)
-        a[i] = hn::Vec<decltype(d32)>{DotBytes(DotBytes(init.raw, lo[i].raw, ql.raw), hi[i].raw, qh.raw)};
-      const auto r = Sum4InBlocks(d32, a[0], a[1], a[2], a[3]);
+    for (int j = 0; j < NP; ++j) {
+      const auto init = hn::Set(d32, qq[j].group_init[g]);
+#pragma GCC unroll 8
+      for (int w = 0; w < W; ++w) a[w][j] = init;
+    }
 #else
-      // int16 lanes of at most 2 * 2 * 15 * 127 = 7620, so four of them sum exactly in int16.
-      static_assert(4 * 2 * 2 * 15 * kQ4Levels <= 32767.0f, "four lanes must sum within int16");
-      hn::Vec<hn::Repartition<int16_t, DK>> p[4];
+    // int16 lanes of at most 2 * 15 * 127 per product pair, 8 pairs per group: exact.
+    static_assert(8 * 2 * 15 * kQ4Levels <= 32767.0f, "a group's pair sums must fit int16");
+    hn::Vec<hn::Repartition<int16_t, D8>> a[W][NP];
+#pragma GCC unroll 8
+    for (int w = 0; w < W; ++w)
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) p[i] = hn::Add(MulPairs(dk, lo[i], ql), MulPairs(dk, hi[i], qh));
-      const auto r = hn::Add(SumRows4InBlocks(d32, p[0], p[1], p[2], p[3]), hn::Load(d32, qq[j].init_rows + c / 4));
+      for (int j = 0; j < NP; ++j) a[w][j] = hn::Zero(hn::Repartition<int16_t, D8>());
 #endif
-      // r: block g lane i holds group g of row i.
-      f[j] = hn::MulAdd(hn::ConvertTo(df, r), sc, f[j]);
+#pragma GCC unroll 4
+    for (size_t i = 0; i < 4; ++i) {
+      const size_t step = 4 * g + i;
+#pragma GCC unroll 8
+      for (int w = 0; w < W; ++w) {
+        const auto b = hn::LoadU(d8, k0[w] + step * 4 * kQ4KeyGroup);
+        const auto lo = hn::And(b, hn::Set(d8, 15)), hi = hn::ShiftRight<4>(b);
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) {
+          const auto ql = word(qq[j].lo + 4 * step), qh = word(qq[j].hi + 4 * step);
+#if FD_X86_VNNI
+          a[w][j] = hn::Vec<decltype(d32)>{DotBytes(DotBytes(a[w][j].raw, lo.raw, ql.raw), hi.raw, qh.raw)};
+#else
+          a[w][j] = hn::Add(a[w][j], hn::Add(MulPairs(d8, lo, ql), MulPairs(d8, hi, qh)));
+#endif
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int w = 0; w < W; ++w) {
+      const VF sc = LoadF16(df, sc0[w] + g * kQ4ScaleRows);
+#pragma GCC unroll 4
+      for (int j = 0; j < NP; ++j) {
+#if FD_X86_VNNI
+        const auto sums = a[w][j];
+#else
+        const auto sums = hn::Add(SumPairs(d32, a[w][j]), hn::Set(d32, qq[j].group_init[g]));
+#endif
+        f[w][j] = hn::MulAdd(hn::ConvertTo(df, sums), sc, f[w][j]);
+      }
     }
   }
 #pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j)
-    hn::StoreU(hn::Mul(FoldBlocks(df, f[j]), hn::Set(d4, qq[j].qscale)), d4, s[j] + col);
+  for (int w = 0; w < W; ++w)
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j)
+      hn::StoreU(hn::Mul(f[w][j], hn::Set(df, qq[j].qscale)), df, s[j] + col + static_cast<size_t>(w) * K);
 }
 
-#if FD_X86_VNNI
-// ScoreQuadQ4 for head_dim 64 (32-byte rows) and four consecutive rows, two rows per 64-byte
-// vector: half the loads and dot products of 32-byte chunks. Queries are taken in pairs, whose
-// two rows pairs' sums are reduced together; lane (b, i) of that reduction holds row
-// 2 * (i & 1) + b / 2, group b & 1, query i / 2 of the pair.
-template <int NQ>
-HWY_INLINE void ScoreQuadQ4Pairs(const uint8_t* quad, const uint16_t* scales, const QuantQuery* qq,
-                                 float (*s)[kTileT], size_t col) {
-  const hn::Full512<uint8_t> d8;
-  const hn::Full512<int8_t> di8;
-  const hn::Full512<int32_t> d32;
-  const hn::Full512<float> df;
-  const hn::Full128<float> d4;
-  // The scales [group][row] in the reduction's lane order; the pair's rows, summed over groups.
-  HWY_ALIGN static constexpr int32_t kScaleAt[16] = {0, 2, 0, 2, 4, 6, 4, 6, 1, 3, 1, 3, 5, 7, 5, 7};
-  HWY_ALIGN static constexpr int32_t kGroup0[16] = {0, 8, 1, 9, 2, 10, 3, 11, 0, 8, 1, 9, 2, 10, 3, 11};
-  HWY_ALIGN static constexpr int32_t kGroup1[16] = {4, 12, 5, 13, 6, 14, 7, 15, 4, 12, 5, 13, 6, 14, 7, 15};
-  const auto sc = hn::TableLookupLanes(LoadF16(df, scales), hn::SetTableIndices(df, kScaleAt));
-  const auto b01 = hn::LoadU(d8, quad), b23 = hn::LoadU(d8, quad + 64);
-  const auto lo01 = hn::And(b01, hn::Set(d8, 15)), hi01 = hn::ShiftRight<4>(b01);
-  const auto lo23 = hn::And(b23, hn::Set(d8, 15)), hi23 = hn::ShiftRight<4>(b23);
-  hn::Vec<decltype(d32)> a[NQ][2];
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j) {
-    const auto ql = hn::Load(di8, qq[j].lo), qh = hn::Load(di8, qq[j].hi);
-    const auto init = hn::Load(d32, qq[j].init);
-    a[j][0] = hn::Vec<decltype(d32)>{DotBytes(DotBytes(init.raw, lo01.raw, ql.raw), hi01.raw, qh.raw)};
-    a[j][1] = hn::Vec<decltype(d32)>{DotBytes(DotBytes(init.raw, lo23.raw, ql.raw), hi23.raw, qh.raw)};
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; j += 2) {
-    const int j1 = j + 1 < NQ ? j + 1 : j;
-    const auto r = hn::Mul(hn::ConvertTo(df, Sum4InBlocks(d32, a[j][0], a[j][1], a[j1][0], a[j1][1])), sc);
-    const auto rows = hn::Add(hn::TableLookupLanes(r, hn::SetTableIndices(df, kGroup0)),
-                              hn::TableLookupLanes(r, hn::SetTableIndices(df, kGroup1)));
-    hn::StoreU(hn::Mul(hn::LowerHalf(hn::LowerHalf(rows)), hn::Set(d4, qq[j].qscale)), d4, s[j] + col);
-    if (j1 != j) {
-      const auto upper = hn::Vec128<float>{_mm512_extractf32x4_ps(rows.raw, 1)};
-      hn::StoreU(hn::Mul(upper, hn::Set(d4, qq[j1].qscale)), d4, s[j1] + col);
-    }
-  }
+// Walks the key vectors [t, n_up) of a tile (n_up a multiple of K) in passes of W vectors while
+// they fit, then of W / 2, ... 1, calling pass(t, std::integral_constant<int, width>).
+template <int W, class Pass>
+HWY_INLINE void ForEachVectorPass(size_t t, size_t n_up, size_t K, const Pass& pass) {
+  for (; t + W * K <= n_up; t += W * K) pass(t, std::integral_constant<int, W>());
+  if constexpr (W > 1) ForEachVectorPass<W / 2>(t, n_up, K, pass);
 }
-#endif
 
-// s[j][0, n) = scores of query j against the n q4 key rows at `data` (row_bytes each; the first
-// starts a scale quad), whose scale quads follow each other at `scales`. A whole quad's rows are
-// consecutive, so that a quad costs no index arithmetic; a last partial quad repeats its last row.
-// fetch.Next() once per quad (a copy, whose position then stays in a register). Not inlined: in
-// its own function the loop keeps its pointers in registers (inlined into AttendBlockQuant it
-// spilled them, and index arithmetic and spills were most of the instructions per key at GQA 1).
-template <int NQ, class DK>
-HWY_NOINLINE void ScoreTileQ4(DK dk, const uint8_t* data, size_t row_bytes, size_t groups, int n,
-                              const uint16_t* scales, const QuantQuery* qq, float (*s)[kTileT],
-                              PacedPrefetch fetch) {
-  const size_t quad_bytes = 4 * row_bytes, quad_scales = 4 * groups;
-  int t = 0;
-  for (; t + 4 <= n; t += 4, data += quad_bytes, scales += quad_scales) {
-    fetch.Next();
-#if FD_X86_VNNI
-    if (row_bytes == 32) {
-      ScoreQuadQ4Pairs<NQ>(data, scales, qq, s, static_cast<size_t>(t));
-      continue;
-    }
-#endif
-    const uint8_t* rows[4] = {data, data + row_bytes, data + 2 * row_bytes, data + 3 * row_bytes};
-    ScoreQuadQ4<NQ>(dk, rows, row_bytes, scales, qq, s, static_cast<size_t>(t));
-  }
-  if (t < n) {  // scores of rows >= n are set to -inf later
-    fetch.Next();
-    const uint8_t* rows[4];
-    for (int i = 0; i < 4; ++i) rows[i] = data + static_cast<size_t>(std::min(i, n - 1 - t)) * row_bytes;
-    ScoreQuadQ4<NQ>(dk, rows, row_bytes, scales, qq, s, static_cast<size_t>(t));
-  }
+// s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
+// [tb, tb + n) of a q4 head block (tb a multiple of kQ4KeyGroup), NP queries at a time. The
+// first pass over the keys paces `fetch` (a copy, whose position then stays in a register). Not
+// inlined: in a function of its own the loop keeps its pointers in registers (inlined into
+// AttendBlockQuant, the old row-major q4 loop spilled them).
+template <int NQ, class D8>
+HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t tb, size_t n, size_t hd,
+                              const QuantQuery* qq, float (*s)[kTileT], PacedPrefetch fetch) {
+  const hn::Repartition<int32_t, D8> d32;
+  const size_t K = hn::Lanes(d32), n_up = (n + K - 1) / K * K;
+  PacedPrefetch none(nullptr, 0, 0, 0);
+  const auto walk = [&](auto np, size_t j0, PacedPrefetch& f) HWY_ATTR {
+    constexpr int NP = decltype(np)::value;
+    ForEachVectorPass<Q4KeyVectors<NP, decltype(d32)>()>(0, n_up, K, [&](size_t t, auto width) HWY_ATTR {
+      ScoreKeyVectorsQ4<NP, decltype(width)::value>(d8, data, scales, tb + t, hd, qq + j0, s + j0, t, f);
+    });
+  };
+  walk(std::integral_constant<int, (NQ < kQ4PassQ ? NQ : kQ4PassQ)>(), 0, fetch);
+  if constexpr (NQ > kQ4PassQ) walk(std::integral_constant<int, NQ - kQ4PassQ>(), kQ4PassQ, none);
+}
+
+// Prefetch steps of ScoreTileQ4's first pass over n keys.
+template <int NQ, class D8>
+HWY_INLINE size_t ScoreStepsQ4(D8, size_t n, size_t hd) {
+  const hn::Repartition<int32_t, D8> d32;
+  const size_t K = hn::Lanes(d32);
+  size_t passes = 0;
+  ForEachVectorPass<Q4KeyVectors<(NQ < kQ4PassQ ? NQ : kQ4PassQ), decltype(d32)>()>(
+      0, (n + K - 1) / K * K, K, [&](size_t, auto) { ++passes; });
+  return passes * (hd / 32);
 }
 
 // The same for a q8 head block whose keys are rows of int8 (one not yet full; see ScoreSealedQ8),
@@ -809,25 +792,23 @@ struct QuantTileState {
 // multiples of kTileT within the block: per tile, score every key once for all NQ queries, fold the
 // tile into the running max / denominator, then read each value row once. kn, vn: the K and V
 // rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps).
-// DK: the key chunk tag (q4: bytes, q8: int16), DF: the value tag (q4: at most 16 lanes).
+// DK: the key tag (q4: bytes, four per key; q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
                                  size_t b, size_t hd, QuantTileState<kQ4, NQ>& st, const uint8_t* kn,
                                  const uint8_t* vn) {
-  const hn::CappedTag<float, kValueTileKeys> dt;
+  const hn::CappedTag<float, kQ4ScaleRows> dt;
   const size_t L = hn::Lanes(df);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   const size_t groups = hd / 32;
-  const size_t row_bytes = kQ4 ? hd / 2 : hd;
-  const size_t k_off = kQ4 ? detail::q4_data_offset(KvPart::key, bt, groups) : bt * sizeof(float);
-  const size_t v_off = kQ4 ? detail::q4_data_offset(KvPart::value, bt, groups) : bt * sizeof(float);
+  const size_t data_off = kQ4 ? detail::q4_data_offset(bt, groups) : bt * sizeof(float);
   const size_t pf_pace = (head_bytes + bt - 1) / bt;  // one row's share of the head's bytes
 
   const uint8_t* kb = Bytes(kv.k[b]) + st.head_off;
   const uint8_t* vb = Bytes(kv.v[b]) + st.head_off;
   const size_t bn = std::min(bt, static_cast<size_t>(st.max_limit) - b * bt);  // rows used
-  const uint8_t* kd = kb + k_off;
-  const uint8_t* vd = vb + v_off;
+  const uint8_t* kd = kb + data_off;
+  const uint8_t* vd = vb + data_off;
   const bool sealed = !kQ4 && (b + 1) * bt <= static_cast<size_t>(kv.len) && detail::q8_seals_keys(hd);
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
@@ -839,9 +820,8 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
                           static_cast<size_t>(n), bt, hd, st.qq, st.s, kn, pf_begin, pf_end);
     } else if constexpr (kQ4) {
-      const auto* scales = reinterpret_cast<const uint16_t*>(kb) + detail::q4_scale_index(KvPart::key, tb, 0, groups);
-      ScoreTileQ4<NQ>(dk, kd + tb * row_bytes, row_bytes, groups, n, scales, st.qq, st.s,
-                      PacedPrefetch(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4));
+      ScoreTileQ4<NQ>(dk, kd, reinterpret_cast<const uint16_t*>(kb), tb, static_cast<size_t>(n), hd, st.qq, st.s,
+                      PacedPrefetch(kn, pf_begin, pf_end, ScoreStepsQ4<NQ>(dk, static_cast<size_t>(n), hd)));
     } else {
       PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
       for (int t = 0; t < n; t += 4) {
@@ -867,7 +847,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         const size_t t = static_cast<size_t>(c) * LT;
         const auto live = hn::FirstN(dt, static_cast<size_t>(std::max(0, n - static_cast<int>(t))));
         if constexpr (kQ4) {
-          const auto* sc = reinterpret_cast<const uint16_t*>(vb) + detail::q4_scale_index(KvPart::value, tb + t, g, groups);
+          const auto* sc = reinterpret_cast<const uint16_t*>(vb) + detail::q4_scale_index(tb + t, g, groups);
           scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, sc));
         } else {
           scale[g][c] = hn::MaskedLoad(live, dt, reinterpret_cast<const float*>(vb) + tb + t);
@@ -982,12 +962,9 @@ void RunQuantGroup(DK dk, DF df, const Tile* t, const int* kvh, int n, const KvB
 void RunGroupAnyWidth(const Tile* t, const int* kvh, int n, const KvBlocks& kv, size_t hb, int head_dim) {
   const size_t hd = static_cast<size_t>(head_dim);
   if (kv.dtype == KvDtype::q4) {
-    const hn::CappedTag<float, 16> df;
-    const hn::CappedTag<uint8_t, 64> dk;
-    const hn::CappedTag<uint8_t, 32> dk32;
-    if ((hd / 2) % hn::Lanes(dk) == 0) return RunQuantGroup<true>(dk, df, t, kvh, n, kv, hb, head_dim);
-    if ((hd / 2) % hn::Lanes(dk32) == 0) return RunQuantGroup<true>(dk32, df, t, kvh, n, kv, hb, head_dim);
-    return RunQuantGroup<true>(hn::CappedTag<uint8_t, 16>(), df, t, kvh, n, kv, hb, head_dim);
+    // Key vectors of four bytes of up to a key group's keys.
+    const hn::CappedTag<uint8_t, 4 * kQ4KeyGroup> dk;
+    return RunQuantGroup<true>(dk, hn::CappedTag<float, 16>(), t, kvh, n, kv, hb, head_dim);
   }
   const hn::CappedTag<float, 16> df;
   const hn::Repartition<int16_t, decltype(df)> dk;

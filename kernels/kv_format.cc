@@ -144,45 +144,45 @@ class Q4Format final : public QuantFormatBase {
   const char* name() const override { return "q4"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim && hd % 32 == 0; }
   size_t head_block_bytes(int bt, int hd) const override {
-    const size_t groups = size_t(hd) / 32;
-    const size_t data = round_up(size_t(bt), 4) * size_t(hd) / 2;
-    return round_up(std::max(detail::q4_data_offset(KvPart::key, size_t(bt), groups),
-                             detail::q4_data_offset(KvPart::value, size_t(bt), groups)) + data, 64);
+    const size_t data = round_up(size_t(bt), kQ4KeyGroup) * size_t(hd) / 2;  // values need rows up to 4
+    return round_up(detail::q4_data_offset(size_t(bt), size_t(hd) / 32) + data, 64);
   }
   void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
     const size_t groups = size_t(hd) / 32;
     uint8_t bytes[kMaxHeadDim / 2];
     uint16_t scales[kMaxHeadDim / 32];
     quantize_row_q4(src, size_t(hd), bytes, scales);
-    uint8_t* data = hb + detail::q4_data_offset(part, size_t(bt), groups);
+    uint8_t* data = hb + detail::q4_data_offset(size_t(bt), groups);
     if (part == KvPart::key) {
-      std::memcpy(data + index(part, t, 0, 0, groups), bytes, groups * 16);
+      for (size_t c = 0; c < groups * 16; c += 4) std::memcpy(data + index(part, hd, t, c), bytes + c, 4);
     } else {
-      uint8_t* row = data + index(part, t, 0, 0, groups);  // every 4th byte
+      uint8_t* row = data + index(part, hd, t, 0);  // every 4th byte
       for (size_t i = 0; i < groups * 16; ++i) row[4 * i] = bytes[i];
     }
     for (size_t g = 0; g < groups; ++g)
-      std::memcpy(hb + detail::q4_scale_index(part, size_t(t), g, groups) * sizeof(uint16_t), &scales[g], sizeof(uint16_t));
+      std::memcpy(hb + detail::q4_scale_index(size_t(t), g, groups) * sizeof(uint16_t), &scales[g], sizeof(uint16_t));
   }
   void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     const size_t groups = size_t(hd) / 32;
-    const uint8_t* data = hb + detail::q4_data_offset(part, size_t(bt), groups);
+    const uint8_t* data = hb + detail::q4_data_offset(size_t(bt), groups);
     for (size_t g = 0; g < groups; ++g) {
       uint16_t half;
-      std::memcpy(&half, hb + detail::q4_scale_index(part, size_t(t), g, groups) * sizeof(uint16_t), sizeof half);
+      std::memcpy(&half, hb + detail::q4_scale_index(size_t(t), g, groups) * sizeof(uint16_t), sizeof half);
       float scale;
       f16_to_f32(&half, &scale, 1);
-      for (int j = 0; j < 16; ++j) {
-        const uint8_t b = data[index(part, t, g, size_t(j), groups)];
-        dst[g * 32 + size_t(j)] = static_cast<float>((b & 15) - 8) * scale;
-        dst[g * 32 + 16 + size_t(j)] = static_cast<float>((b >> 4) - 8) * scale;
+      for (size_t j = 0; j < 16; ++j) {
+        const uint8_t b = data[index(part, hd, t, g * 16 + j)];
+        dst[g * 32 + j] = static_cast<float>((b & 15) - 8) * scale;
+        dst[g * 32 + 16 + j] = static_cast<float>((b >> 4) - 8) * scale;
       }
     }
   }
 
  private:
-  static size_t index(KvPart part, int t, size_t g, size_t j, size_t groups) {
-    return part == KvPart::key ? (size_t(t) * groups + g) * 16 + j : detail::q4_value_index(size_t(t), g, j, groups);
+  // Where byte c of row t lies in the data.
+  static size_t index(KvPart part, int hd, int t, size_t c) {
+    if (part == KvPart::key) return detail::q4_key_index(size_t(t), c, size_t(hd));
+    return detail::q4_value_index(size_t(t), c / 16, c % 16, size_t(hd) / 32);
   }
 };
 

@@ -1,8 +1,8 @@
 // Pluggable storage formats of the KV-cache. A format fixes how one kv head's rows of a block are
 // laid out (encoded on append) and supplies the attention kernel that reads them. Keys are stored
-// row by row, for dot products along head_dim, except in a full f16 or q8 block ("sealed"), whose
-// keys are transposed so that a vector holds elements of consecutive keys and scores need no
-// horizontal sums; q8/q4 values interleave four consecutive rows per element ("quads", padded to a
+// row by row, for dot products along head_dim, except in a full f16 or q8 block ("sealed") and in
+// every q4 block, whose keys are transposed so that a vector holds elements of consecutive keys
+// and scores need no horizontal sums; q8/q4 values interleave four consecutive rows per element ("quads", padded to a
 // multiple of 4 rows), for dot products along the keys.
 //   f16: keys [block_tokens][head_dim], sealed in groups of kF16KeyGroup keys, each [head_dim][16]
 //        (the last group as wide as the keys left); values [block_tokens][head_dim], sealed in
@@ -17,13 +17,15 @@
 //        pass over a group, and a value pass over a chunk, reads one run of memory
 //        (q8_key_index, q8_value_index); x = q * scale, one scale per token per kv head
 //        (max|x| / 127).
-//   q4 : fp16 scales, then data. Keys: scales [ceil(block_tokens/4)][head_dim/32][4] (the
-//        scales of four consecutive rows sit side by side per group, so that one vector load
-//        serves four rows), data [block_tokens][head_dim/32][16] bytes. Values: scales
-//        [ceil(block_tokens/16)][head_dim/32][16] (16 rows', side by side per group), data
-//        [ceil(block_tokens/4)][head_dim/32][16][4] bytes. In group g byte j (for values: byte
-//        (j, t%4)) holds element 32g+j in its low nibble and 32g+16+j in its high nibble,
-//        x = (nibble - 8) * scale with scale = fp16(max|x in group| / 7).
+//   q4 : fp16 scales [ceil(block_tokens/16)][head_dim/32][16] (the scales of 16 consecutive rows
+//        side by side per group, so that one vector load serves a vector of keys or values),
+//        then data. A row is head_dim/2 bytes: in group g byte j holds element 32g+j in its low
+//        nibble and 32g+16+j in its high nibble, x = (nibble - 8) * scale with scale =
+//        fp16(max|x in group| / 7). Keys: in groups of kQ4KeyGroup rows, each [head_dim/8][16][4]
+//        (bytes [4s, 4s + 4) of row t at (t/16, s, t%16)), so that a vector holds four bytes of
+//        consecutive keys and scores need no horizontal sums (q4_key_index); values:
+//        [ceil(block_tokens/4)][head_dim/32][16][4] (byte j of group g of row t at
+//        (t/4, g, j, t%4)).
 // Attention quantizes the scaled query once per call (q8: int16, q4: int8, one scale per query
 // vector) and scores keys with exact integer dot products. For the values it rounds, per query,
 // per tile of kWeightTileKeys keys of a block (tiles start at multiples of it) and per scale group
@@ -44,14 +46,16 @@ namespace fd::kernels {
 // Which of a layer's two caches a row belongs to: the formats may lay them out differently.
 enum class KvPart : uint8_t { key, value };
 
-// Rows of a q4 value block whose scales sit side by side per group (see the layouts above).
-constexpr int kValueTileKeys = 16;
+// Rows of a q4 block whose scales sit side by side per group, and rows per q4 key group (see the
+// layouts above).
+constexpr int kQ4ScaleRows = 16;
+constexpr size_t kQ4KeyGroup = 16;
 
-// Keys per tile of the quantized formats' value weights, a multiple of kValueTileKeys: 64, where
+// Keys per tile of the quantized formats' value weights, a multiple of kQ4ScaleRows: 64, where
 // a tile's softmax and weight rounding weigh little. One core of AMD EPYC (Zen 3), KV in L2, GQA 4:
 // q4 hd128 read 4.5 GB/s with 16-key tiles, 5.5 with 32 and 5.4-5.8 with 64; q8 hd64 6.1 with 16,
 // about 7 with 32 and 11 % more with 64.
-constexpr int kWeightTileKeys = 4 * kValueTileKeys;
+constexpr int kWeightTileKeys = 4 * kQ4ScaleRows;
 
 // Keys per group, and elements per chunk of the values, of a sealed f16 block.
 constexpr size_t kF16KeyGroup = 16;
@@ -129,14 +133,15 @@ inline size_t f16_sealed_value_index(size_t t, size_t i, size_t head_dim, size_t
 }
 
 // q4 layout: index of the fp16 scale of row t, group g (of `groups` per row), and byte offset of
-// the data, from the start of a head block.
-inline size_t q4_scale_index(KvPart part, size_t t, size_t g, size_t groups) {
-  const size_t rows = part == KvPart::key ? 4 : kValueTileKeys;  // rows whose scales sit side by side
-  return (t / rows * groups + g) * rows + t % rows;
+// the data, from the start of a head block; byte c of key row t, from the start of the data.
+inline size_t q4_scale_index(size_t t, size_t g, size_t groups) {
+  return (t / kQ4ScaleRows * groups + g) * kQ4ScaleRows + t % kQ4ScaleRows;
 }
-inline size_t q4_data_offset(KvPart part, size_t block_tokens, size_t groups) {
-  const size_t rows = part == KvPart::key ? 4 : kValueTileKeys;
-  return (block_tokens + rows - 1) / rows * rows * groups * sizeof(uint16_t);
+inline size_t q4_data_offset(size_t block_tokens, size_t groups) {
+  return (block_tokens + kQ4ScaleRows - 1) / kQ4ScaleRows * kQ4ScaleRows * groups * sizeof(uint16_t);
+}
+inline size_t q4_key_index(size_t t, size_t c, size_t head_dim) {
+  return ((t / kQ4KeyGroup * (head_dim / 8) + c / 4) * kQ4KeyGroup + t % kQ4KeyGroup) * 4 + c % 4;
 }
 // Byte of row t, element i of a q8 key block's data (transposed when sealed, see
 // q8_seals_keys), and of a q8 value block's data, and of row t, group g, byte j of a q4 value
