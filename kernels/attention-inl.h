@@ -53,6 +53,14 @@ HWY_INLINE hn::Vec<D> Sum4InBlocks(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D>
 }
 #endif
 
+// Vectors of keys scored per pass: the largest power of two w with w * nq sums at most `sums` and
+// w at most `tile` vectors (1 at least), so that the passes of a tile's last keys can halve it.
+constexpr int VectorsPerPass(int sums, int nq, int tile) {
+  int w = 1;
+  while (2 * w * nq <= sums && 2 * w <= tile) w *= 2;
+  return w;
+}
+
 // out[0, hd) = acc[0, hd) / l: a query's finished output (acc aligned, hd a multiple of Lanes(d)).
 template <class D>
 HWY_INLINE void StoreNormalized(D d, const float* HWY_RESTRICT acc, float l, size_t hd,

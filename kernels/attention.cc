@@ -182,15 +182,10 @@ constexpr size_t TileRowSteps(int n) {
 // 16.2-18.0 GB/s; GQA 1 (8 runs) hd128 18.7-20.3 -> 19.7-20.6, hd64 19.3-21.1 -> 18.8-20.3.
 
 // Key vectors scored per pass: KeyVectors * NQ accumulators, independent FMA chains (two FMA pipes
-// of 4 cycles' latency need 8), within the register file (16 vectors; 32 on AVX-512) and a tile; a
-// power of two, so that the passes of a tile's last keys can halve it.
+// of 4 cycles' latency need 8), within the register file (16 vectors; 32 on AVX-512) and a tile.
 template <int NQ, class D>
 constexpr int KeyVectors() {
-  constexpr int accs = HWY_TARGET <= HWY_AVX3 ? 16 : 8;
-  constexpr int tile = static_cast<int>(kTileT / hn::MaxLanes(D()));
-  int w = 1;
-  while (2 * w * NQ <= accs && 2 * w <= tile) w *= 2;
-  return w;
+  return VectorsPerPass(HWY_TARGET <= HWY_AVX3 ? 16 : 8, NQ, static_cast<int>(kTileT / hn::MaxLanes(D())));
 }
 
 // Dimensions per prefetch step of a scoring pass.

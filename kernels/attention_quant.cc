@@ -287,11 +287,7 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
 constexpr int kQ4PassQ = 4;
 template <int NP, class D32>
 constexpr int Q4KeyVectors() {
-  constexpr int sums = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
-  constexpr int tile = static_cast<int>(kTileT / hn::MaxLanes(D32()));
-  int w = 1;
-  while (2 * w * NP <= sums && 2 * w <= tile) w *= 2;
-  return w;
+  return VectorsPerPass(HWY_TARGET <= HWY_AVX3 ? 8 : 4, NP, static_cast<int>(kTileT / hn::MaxLanes(D32())));
 }
 
 // s[j][col + w * K + i] = score of query j against key `key` + w * K + i of a q4 head block (keys
