@@ -339,7 +339,13 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
 #pragma GCC unroll 4
       for (int j = 0; j < NP; ++j) a[w][j] = hn::Zero(hn::Repartition<int16_t, D8>());
 #endif
+    // Unrolled, the steps' products are all computed first: AVX-512 holds them, AVX2 spilled them
+    // (77 stack accesses in the 4-query function).
+#if HWY_TARGET <= HWY_AVX3
 #pragma GCC unroll 4
+#else
+#pragma GCC unroll 1
+#endif
     for (size_t i = 0; i < 4; ++i) {
       const size_t step = 4 * g + i;
 #pragma GCC unroll 8
