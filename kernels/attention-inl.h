@@ -61,6 +61,22 @@ constexpr int VectorsPerPass(int sums, int nq, int tile) {
   return w;
 }
 
+// Walks the keys [t, n) of a tile that starts at key tb of a block whose first `full` keys fill
+// whole key groups: passes of W vectors of L keys while they stay among those, then of W / 2, ...
+// 1 vectors, calling pass(t, std::integral_constant<int, width>); then tail(t) for the keys left.
+// A vector stays inside one key group when L divides the group.
+template <int W, class Pass, class Tail>
+HWY_INLINE void ForEachKeyPass(size_t t, size_t tb, size_t n, size_t full, size_t L, const Pass& pass,
+                               const Tail& tail) {
+  const size_t n_up = (n + L - 1) / L * L;
+  for (; t + W * L <= n_up && tb + t + W * L <= full; t += W * L) pass(t, std::integral_constant<int, W>());
+  if constexpr (W > 1) {
+    ForEachKeyPass<W / 2>(t, tb, n, full, L, pass, tail);
+  } else if (t < n) {
+    tail(t);
+  }
+}
+
 // out[0, hd) = acc[0, hd) / l: a query's finished output (acc aligned, hd a multiple of Lanes(d)).
 template <class D>
 HWY_INLINE void StoreNormalized(D d, const float* HWY_RESTRICT acc, float l, size_t hd,

@@ -191,22 +191,6 @@ constexpr int KeyVectors() {
 // Dimensions per prefetch step of a scoring pass.
 constexpr size_t kFetchDims = 8;
 
-// Walks the keys [t, n) of a tile that starts at key tb of a block whose first `full` keys fill
-// whole key groups: passes of W vectors of L keys while they stay among those, then of W / 2, ...
-// 1 vectors, calling pass(t, std::integral_constant<int, width>); then tail(t) for the keys left.
-// A vector stays inside one key group (it has at most kMaxLanes lanes, a power of two).
-template <int W, class Pass, class Tail>
-HWY_INLINE void ForEachKeyPass(size_t t, size_t tb, size_t n, size_t full, size_t L, const Pass& pass,
-                               const Tail& tail) {
-  const size_t n_up = (n + L - 1) / L * L;
-  for (; t + W * L <= n_up && tb + t + W * L <= full; t += W * L) pass(t, std::integral_constant<int, W>());
-  if constexpr (W > 1) {
-    ForEachKeyPass<W / 2>(t, tb, n, full, L, pass, tail);
-  } else if (t < n) {
-    tail(t);
-  }
-}
-
 // Keys of a sealed block of bt keys that fill whole key groups.
 HWY_INLINE size_t GroupedKeys(size_t bt) { return bt / kF16KeyGroup * kF16KeyGroup; }
 

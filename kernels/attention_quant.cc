@@ -384,44 +384,37 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
       hn::StoreU(hn::Mul(f[w][j], hn::Set(df, qq[j].qscale)), df, s[j] + col + static_cast<size_t>(w) * K);
 }
 
-// Walks the key vectors [t, n_up) of a tile (n_up a multiple of K) in passes of W vectors while
-// they fit, then of W / 2, ... 1, calling pass(t, std::integral_constant<int, width>).
-template <int W, class Pass>
-HWY_INLINE void ForEachVectorPass(size_t t, size_t n_up, size_t K, const Pass& pass) {
-  for (; t + W * K <= n_up; t += W * K) pass(t, std::integral_constant<int, W>());
-  if constexpr (W > 1) ForEachVectorPass<W / 2>(t, n_up, K, pass);
-}
-
 // s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
-// [tb, tb + n) of a q4 head block (tb a multiple of kQ4KeyGroup), NP queries at a time. The
-// first pass over the keys paces `fetch` (a copy, whose position then stays in a register). Not
-// inlined: in a function of its own the loop keeps its pointers in registers (inlined into
-// AttendBlockQuant, the old row-major q4 loop spilled them).
+// [tb, tb + n) of a q4 head block (tb a multiple of kQ4KeyGroup), kQ4PassQ queries at a time. The
+// bytes [pf_begin, pf_end) at kn are fetched meanwhile, paced by the first pass. Not inlined: in a
+// function of its own the loop keeps its pointers in registers (inlined into AttendBlockQuant,
+// the old row-major q4 loop spilled them).
 template <int NQ, class D8>
 HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t tb, size_t n, size_t hd,
-                              const QuantQuery* qq, float (*s)[kTileT], PacedPrefetch fetch) {
+                              const QuantQuery* qq, float (*s)[kTileT], const uint8_t* kn, size_t pf_begin,
+                              size_t pf_end) {
   const hn::Repartition<int32_t, D8> d32;
-  const size_t K = hn::Lanes(d32), n_up = (n + K - 1) / K * K;
-  PacedPrefetch none(nullptr, 0, 0, 0);
-  const auto walk = [&](auto np, size_t j0, PacedPrefetch& f) HWY_ATTR {
-    constexpr int NP = decltype(np)::value;
-    ForEachVectorPass<Q4KeyVectors<NP, decltype(d32)>()>(0, n_up, K, [&](size_t t, auto width) HWY_ATTR {
-      ScoreKeyVectorsQ4<NP, decltype(width)::value>(d8, data, scales, tb + t, hd, qq + j0, s + j0, t, f);
+  // Passes over the tile's key vectors for NP queries; every q4 key lies in a whole key group (a
+  // block is padded to them).
+  const auto walk = [&](auto np, const auto& pass) HWY_ATTR {
+    ForEachKeyPass<Q4KeyVectors<decltype(np)::value, decltype(d32)>()>(
+        0, tb, n, std::numeric_limits<size_t>::max(), hn::Lanes(d32), pass, [](size_t) {});
+  };
+  const auto score = [&](auto np, size_t j0, PacedPrefetch& fetch) HWY_ATTR {
+    walk(np, [&](size_t t, auto width) HWY_ATTR {
+      ScoreKeyVectorsQ4<decltype(np)::value, decltype(width)::value>(d8, data, scales, tb + t, hd, qq + j0, s + j0,
+                                                                      t, fetch);
     });
   };
-  walk(std::integral_constant<int, (NQ < kQ4PassQ ? NQ : kQ4PassQ)>(), 0, fetch);
-  if constexpr (NQ > kQ4PassQ) walk(std::integral_constant<int, NQ - kQ4PassQ>(), kQ4PassQ, none);
-}
-
-// Prefetch steps of ScoreTileQ4's first pass over n keys.
-template <int NQ, class D8>
-HWY_INLINE size_t ScoreStepsQ4(D8, size_t n, size_t hd) {
-  const hn::Repartition<int32_t, D8> d32;
-  const size_t K = hn::Lanes(d32);
+  const std::integral_constant<int, (NQ < kQ4PassQ ? NQ : kQ4PassQ)> first;
   size_t passes = 0;
-  ForEachVectorPass<Q4KeyVectors<(NQ < kQ4PassQ ? NQ : kQ4PassQ), decltype(d32)>()>(
-      0, (n + K - 1) / K * K, K, [&](size_t, auto) { ++passes; });
-  return passes * (hd / 32);
+  walk(first, [&](size_t, auto) { ++passes; });
+  PacedPrefetch fetch(kn, pf_begin, pf_end, passes * (hd / 32));  // Next() once per scale group
+  score(first, 0, fetch);
+  if constexpr (NQ > kQ4PassQ) {
+    PacedPrefetch none(nullptr, 0, 0, 0);
+    score(std::integral_constant<int, NQ - kQ4PassQ>(), kQ4PassQ, none);
+  }
 }
 
 // The same for a q8 head block whose keys are rows of int8 (one not yet full; see ScoreSealedQ8),
@@ -823,7 +816,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
                           static_cast<size_t>(n), bt, hd, st.qq, st.s, kn, pf_begin, pf_end);
     } else if constexpr (kQ4) {
       ScoreTileQ4<NQ>(dk, kd, reinterpret_cast<const uint16_t*>(kb), tb, static_cast<size_t>(n), hd, st.qq, st.s,
-                      PacedPrefetch(kn, pf_begin, pf_end, ScoreStepsQ4<NQ>(dk, static_cast<size_t>(n), hd)));
+                      kn, pf_begin, pf_end);
     } else {
       PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
       for (int t = 0; t < n; t += 4) {

@@ -144,7 +144,8 @@ class Q4Format final : public QuantFormatBase {
   const char* name() const override { return "q4"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim && hd % 32 == 0; }
   size_t head_block_bytes(int bt, int hd) const override {
-    const size_t data = round_up(size_t(bt), kQ4KeyGroup) * size_t(hd) / 2;  // values need rows up to 4
+    // Keys are padded to whole key groups, values only to quads.
+    const size_t data = round_up(size_t(bt), kQ4KeyGroup) * size_t(hd) / 2;
     return round_up(detail::q4_data_offset(size_t(bt), size_t(hd) / 32) + data, 64);
   }
   void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {

@@ -2,8 +2,8 @@
 // laid out (encoded on append) and supplies the attention kernel that reads them. Keys are stored
 // row by row, for dot products along head_dim, except in a full f16 or q8 block ("sealed") and in
 // every q4 block, whose keys are transposed so that a vector holds elements of consecutive keys
-// and scores need no horizontal sums; q8/q4 values interleave four consecutive rows per element ("quads", padded to a
-// multiple of 4 rows), for dot products along the keys.
+// and scores need no horizontal sums; q8/q4 values interleave four consecutive rows per element
+// ("quads", padded to a multiple of 4 rows), for dot products along the keys.
 //   f16: keys [block_tokens][head_dim], sealed in groups of kF16KeyGroup keys, each [head_dim][16]
 //        (the last group as wide as the keys left); values [block_tokens][head_dim], sealed in
 //        chunks of kF16ValueChunk elements, each [block_tokens][16] (the last chunk as wide as the
