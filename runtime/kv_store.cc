@@ -46,8 +46,8 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
   head_bytes_ = format_->head_block_bytes(cfg.block_tokens, cfg.head_dim);
   layer_bytes_ = static_cast<size_t>(cfg.n_kv_heads) * head_bytes_;
   scratch_.assign(1, std::vector<uint8_t>(head_bytes_));
-  const size_t raw = static_cast<size_t>(cfg.n_layers) * 2 * layer_bytes_;
-  page_bytes_ = (raw + kPageAlign - 1) / kPageAlign * kPageAlign;
+  layer_page_bytes_ = (2 * layer_bytes_ + kPageAlign - 1) / kPageAlign * kPageAlign;
+  page_bytes_ = static_cast<size_t>(cfg.n_layers) * layer_page_bytes_;
   total_pages_ = cfg.capacity_bytes / page_bytes_;
   if (total_pages_ == 0)
     throw Error("KV-cache capacity of " + format_bytes(cfg.capacity_bytes) + " is smaller than one page of " +
@@ -92,10 +92,10 @@ void KvStore::reserve(uint64_t seq, int new_len) {
     const uint32_t page = free_.back();
     free_.pop_back();
     s.pages.push_back(page);
-    const uint8_t* base = arena_.get() + page * page_bytes_;
     for (size_t l = 0; l < s.len.size(); ++l) {
-      s.kb[l].push_back(base + (2 * l) * layer_bytes_);
-      s.vb[l].push_back(base + (2 * l + 1) * layer_bytes_);
+      const uint8_t* base = arena_.get() + (l * total_pages_ + page) * layer_page_bytes_;
+      s.kb[l].push_back(base);
+      s.vb[l].push_back(base + layer_bytes_);
       s.k[l].push_back(reinterpret_cast<const uint16_t*>(s.kb[l].back()));
       s.v[l].push_back(reinterpret_cast<const uint16_t*>(s.vb[l].back()));
     }

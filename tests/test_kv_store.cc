@@ -221,6 +221,22 @@ TEST_CASE("KvStore blocks keep their address while the sequence grows", "[kv]") 
   check_contents(s, 1, 0);
 }
 
+// Attention reads a layer's blocks in order; pages reserved together must follow each other in
+// memory within each layer, not be spread apart by the other layers' halves of the pages.
+TEST_CASE("KvStore lays a layer's consecutive pages out as one run of memory", "[kv]") {
+  fd::KvStore s(small_config(8));
+  s.reserve(1, 5 * 4);
+  const size_t layer_page = s.page_bytes() / 2;  // small_config: 2 layers
+  for (int l = 0; l < 2; ++l) {
+    const auto kv = s.view_blocks(1, l);
+    for (size_t b = 0; b < 5; ++b) {
+      CHECK(kv.v[b] - kv.k[b] == ptrdiff_t(2 * 4 * 8 * sizeof(uint16_t)));  // K of both kv heads
+      if (b > 0) CHECK(kv.k[b] - kv.k[b - 1] == ptrdiff_t(layer_page));
+    }
+  }
+  CHECK(s.view_blocks(1, 1).k[0] - s.view_blocks(1, 0).k[0] == ptrdiff_t(8 * layer_page));
+}
+
 TEST_CASE("attention over a KvStore view matches attention over the same blocks", "[kv]") {
   fd::KvStoreConfig c;
   c.n_layers = 1;
