@@ -64,8 +64,8 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
   // in the fault, measured 0.47 ms per fresh 256 KiB page against 0.08 ms with 4 KiB pages, a
   // stall in every prefill; attention read the same 28-30 GB/s either way.
   arena_ = std::unique_ptr<uint8_t, Unmap>(static_cast<uint8_t*>(p), Unmap{bytes});
-  free_.resize(total_pages_);
-  for (size_t i = 0; i < total_pages_; ++i) free_[i] = static_cast<uint32_t>(total_pages_ - 1 - i);
+  page_free_.assign(total_pages_, 1);
+  free_count_ = total_pages_;
 }
 
 void KvStore::reserve(uint64_t seq, int new_len) {
@@ -76,9 +76,9 @@ void KvStore::reserve(uint64_t seq, int new_len) {
   const size_t have = it == seqs_.end() ? 0 : it->second.pages.size();
   const size_t want = (static_cast<size_t>(new_len) + cfg_.block_tokens - 1) / cfg_.block_tokens;
   const size_t more = want > have ? want - have : 0;
-  if (more > free_.size())
+  if (more > free_count_)
     throw Error("KV-cache full: sequence " + std::to_string(seq) + " needs " + std::to_string(more) +
-                " more pages of " + format_bytes(page_bytes_) + ", " + std::to_string(free_.size()) +
+                " more pages of " + format_bytes(page_bytes_) + ", " + std::to_string(free_count_) +
                 " free (capacity " + format_bytes(total_pages_ * page_bytes_) + ").");
   Seq& s = it == seqs_.end() ? seqs_[seq] : it->second;
   if (s.len.empty()) {
@@ -89,8 +89,9 @@ void KvStore::reserve(uint64_t seq, int new_len) {
     s.vb.resize(static_cast<size_t>(cfg_.n_layers));
   }
   for (size_t i = 0; i < more; ++i) {
-    const uint32_t page = free_.back();
-    free_.pop_back();
+    const uint32_t page = next_page(s.pages);
+    page_free_[page] = 0;
+    --free_count_;
     s.pages.push_back(page);
     for (size_t l = 0; l < s.len.size(); ++l) {
       const uint8_t* base = arena_.get() + (l * total_pages_ + page) * layer_page_bytes_;
@@ -100,6 +101,25 @@ void KvStore::reserve(uint64_t seq, int new_len) {
       s.v[l].push_back(reinterpret_cast<const uint16_t*>(s.vb[l].back()));
     }
   }
+}
+
+uint32_t KvStore::next_page(const std::vector<uint32_t>& pages) const {
+  if (!pages.empty() && pages.back() + size_t(1) < total_pages_ && page_free_[pages.back() + 1]) return pages.back() + 1;
+  size_t best = 0, best_len = 0;
+  for (size_t a = 0; a < total_pages_;) {
+    if (!page_free_[a]) {
+      ++a;
+      continue;
+    }
+    size_t b = a;
+    while (b < total_pages_ && page_free_[b]) ++b;
+    if (b - a > best_len) {
+      best = a;
+      best_len = b - a;
+    }
+    a = b;
+  }
+  return static_cast<uint32_t>(best + best_len / 2);
 }
 
 void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n) {
@@ -231,7 +251,8 @@ void KvStore::drop(uint64_t seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
   const auto& pages = it->second.pages;
-  for (auto p = pages.rbegin(); p != pages.rend(); ++p) free_.push_back(*p);
+  for (uint32_t p : pages) page_free_[p] = 1;
+  free_count_ += pages.size();
   seqs_.erase(it);
 }
 

@@ -69,8 +69,8 @@ class KvStore {
 
   size_t page_bytes() const { return page_bytes_; }
   size_t total_pages() const { return total_pages_; }
-  size_t used_pages() const { return total_pages_ - free_.size(); }
-  size_t free_pages() const { return free_.size(); }
+  size_t used_pages() const { return total_pages_ - free_count_; }
+  size_t free_pages() const { return free_count_; }
   size_t sequences() const { return seqs_.size(); }
   size_t tokens() const;  // sum over sequences of layer-0 length
   const KvStoreConfig& config() const { return cfg_; }
@@ -88,6 +88,11 @@ class KvStore {
   // at once.
   void append_rows(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n,
                    uint8_t* scratch);
+  // The page a sequence whose pages are `pages` takes next (one must be free): the one after its
+  // last when that is free, so that its pages stay one run of memory per layer; else the middle of
+  // the longest run of free pages, which leaves the run's second half for it to grow into and the
+  // first for another. Sequences that grow together (decoding) then each grow into their own run.
+  uint32_t next_page(const std::vector<uint32_t>& pages) const;
   // Seals or unseals every kv head of one block's K and V (kernels::KvFormat::seal).
   void set_sealed(const uint8_t* k, const uint8_t* v, bool sealed, uint8_t* scratch) const;
   KvStoreConfig cfg_;
@@ -107,7 +112,8 @@ class KvStore {
   // by side, attention jumped a page's other layers every 128 KiB (hd64, 8 kv heads) and read fp16
   // 5-13 % slower on one core (AMD EPYC Zen 5; the commit that made it layer-major has the runs).
   std::unique_ptr<uint8_t, Unmap> arena_;
-  std::vector<uint32_t> free_;  // free page indices; the lowest index is at the back
+  std::vector<uint8_t> page_free_;  // [total_pages_] 1 where the page is free
+  size_t free_count_ = 0;
   // KvFormat::seal's scratch [head_bytes_]: [0] for append(), one per chunk of append_batch().
   std::vector<std::vector<uint8_t>> scratch_;
   std::unordered_map<uint64_t, Seq> seqs_;

@@ -224,7 +224,7 @@ TEST_CASE("KvStore blocks keep their address while the sequence grows", "[kv]") 
 // Attention reads a layer's blocks in order; pages reserved together must follow each other in
 // memory within each layer, not be spread apart by the other layers' halves of the pages.
 TEST_CASE("KvStore lays a layer's consecutive pages out as one run of memory", "[kv]") {
-  fd::KvStore s(small_config(8));
+  fd::KvStore s(small_config(16));
   s.reserve(1, 5 * 4);
   const size_t layer_page = s.page_bytes() / 2;  // small_config: 2 layers
   for (int l = 0; l < 2; ++l) {
@@ -234,7 +234,32 @@ TEST_CASE("KvStore lays a layer's consecutive pages out as one run of memory", "
       if (b > 0) CHECK(kv.k[b] - kv.k[b - 1] == ptrdiff_t(layer_page));
     }
   }
-  CHECK(s.view_blocks(1, 1).k[0] - s.view_blocks(1, 0).k[0] == ptrdiff_t(8 * layer_page));
+  CHECK(s.view_blocks(1, 1).k[0] - s.view_blocks(1, 0).k[0] == ptrdiff_t(16 * layer_page));
+}
+
+// Decoding grows a batch of sequences a page each in turn; each must still grow into a run of its
+// own, and take what is left once the runs meet.
+TEST_CASE("KvStore sequences that grow in turn each keep their pages in one run", "[kv]") {
+  fd::KvStore s(small_config(64));
+  const size_t layer_page = s.page_bytes() / 2;
+  for (int len = 4; len <= 8 * 4; len += 4)
+    for (uint64_t seq = 1; seq <= 4; ++seq) s.reserve(seq, len);
+  std::set<const uint8_t*> starts;
+  for (uint64_t seq = 1; seq <= 4; ++seq) {
+    INFO("sequence " << seq);
+    const auto kv = s.view_blocks(seq, 0);
+    starts.insert(kv.k[0]);
+    for (size_t b = 1; b < 8; ++b) CHECK(kv.k[b] - kv.k[b - 1] == ptrdiff_t(layer_page));
+  }
+  CHECK(starts.size() == 4);
+  for (int len = 9 * 4; len <= 16 * 4; len += 4)  // all 64 pages: the runs meet
+    for (uint64_t seq = 1; seq <= 4; ++seq) s.reserve(seq, len);
+  CHECK(s.free_pages() == 0);
+  std::set<const uint8_t*> blocks;
+  for (uint64_t seq = 1; seq <= 4; ++seq)
+    for (size_t b = 0; b < 16; ++b) blocks.insert(s.view_blocks(seq, 0).k[b]);
+  CHECK(blocks.size() == 64);
+  CHECK_THROWS_AS(s.reserve(1, 16 * 4 + 1), fd::Error);
 }
 
 TEST_CASE("attention over a KvStore view matches attention over the same blocks", "[kv]") {
