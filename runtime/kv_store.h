@@ -100,7 +100,7 @@ class KvStore {
   size_t head_bytes_ = 0;   // one kv head's rows of one block (KvFormat::head_block_bytes)
   size_t layer_bytes_ = 0;  // K (or V) of one layer in one page: [n_kv_heads][head_bytes_]
   size_t layer_page_bytes_ = 0;  // K and V of one layer in one page, padded to a cache line
-  size_t page_bytes_ = 0;        // [n_layers][layer_page_bytes_]
+  size_t page_bytes_ = 0;        // one page's share of the arena: n_layers * layer_page_bytes_
   size_t total_pages_ = 0;
   struct Unmap {
     size_t bytes;
@@ -109,8 +109,8 @@ class KvStore {
   // [n_layers][total_pages_][layer_page_bytes_], reserved as virtual memory (the OS commits a page
   // on first write), so pages never move and block pointers stay valid. Layer-major, so that a
   // sequence's consecutive pages are one run of memory per layer: with pages of all layers side
-  // by side, attention jumped a page's other layers every 128 KiB (hd64, 8 kv heads) and read fp16
-  // 5-13 % slower on one core (AMD EPYC Zen 5; the commit that made it layer-major has the runs).
+  // by side, attention jumped a page's other layers every 128 KiB (hd64, 8 kv heads) and read
+  // slower from memory on one core: fp16 hd64 by 6-12 %, int8 by 4-34 % (AMD EPYC Zen 5).
   std::unique_ptr<uint8_t, Unmap> arena_;
   std::vector<uint8_t> page_free_;  // [total_pages_] 1 where the page is free
   size_t free_count_ = 0;
