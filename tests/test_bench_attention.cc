@@ -1,0 +1,79 @@
+// `fastdecode-bench attention --json` on a tiny grid: one line per case with the fields the issue
+// names, figures that agree with each other, and the page order it was asked for. No speed is
+// asserted here; the benchmark prints its figures.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "examples/common/bench_attention.h"
+#include "runtime/error.h"
+
+namespace {
+
+// Runs the benchmark with args (after "attention") and returns its stdout lines.
+std::vector<std::string> run_bench(std::vector<std::string> args) {
+  args.insert(args.begin(), "attention");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  std::ostringstream out;
+  std::streambuf* old = std::cout.rdbuf(out.rdbuf());
+  try {
+    fd::bench_attention_main(static_cast<int>(argv.size()), argv.data());
+  } catch (...) {
+    std::cout.rdbuf(old);
+    throw;
+  }
+  std::cout.rdbuf(old);
+  std::vector<std::string> lines;
+  std::istringstream in(out.str());
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The number after "key": in a flat JSON line; NaN when the key is missing.
+double field(const std::string& line, const std::string& key) {
+  const auto at = line.find("\"" + key + "\":");
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+}
+
+}  // namespace
+
+TEST_CASE("bench attention prints every case with consistent figures and its page order", "[bench]") {
+  for (const char* pages : {"whole", "grown"}) {
+    INFO("--pages " << pages);
+    const auto lines = run_bench({"--json", "--ctx", "130", "--batch", "3", "--head-dim", "64", "--gqa", "1,4",
+                                  "--kv-dtype", "f16,q8,q4", "--threads", "1", "--kv-heads", "2", "--min-time", "0",
+                                  "--cold-size", "0", "--stream-size", "4MiB", "--pages", pages});
+    REQUIRE(lines.size() == 6);
+    for (const auto& line : lines) {
+      INFO(line);
+      CHECK(line.find(std::string("\"pages\":\"") + pages + "\"") != std::string::npos);
+      CHECK(line.find("\"kv_dtype\":\"") != std::string::npos);
+      CHECK(field(line, "head_dim") == 64);
+      CHECK(field(line, "ctx") == 130);
+      CHECK(field(line, "batch") == 3);
+      CHECK(field(line, "threads") == 1);
+      const double gbps = field(line, "gbps"), stream = field(line, "stream_gbps");
+      CHECK(gbps > 0);
+      CHECK(stream > 0);
+      CHECK(field(line, "ratio") == Approx(gbps / stream).epsilon(1e-4));
+      // tokens/s is the batch over the seconds of one call, GB/s its KV bytes over the same seconds.
+      const double kv_bytes = field(line, "kv_mib") * (1 << 20);
+      CHECK(field(line, "tokens_per_s") == Approx(3 / (kv_bytes / (gbps * 1e9))).epsilon(1e-4));
+    }
+  }
+}
+
+TEST_CASE("bench attention rejects an unknown page order by name", "[bench]") {
+  try {
+    run_bench({"--json", "--pages", "sideways"});
+    FAIL("no error");
+  } catch (const fd::Error& e) {
+    CHECK(std::string(e.what()).find("--pages must be whole or grown, not 'sideways'") != std::string::npos);
+  }
+}
