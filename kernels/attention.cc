@@ -42,12 +42,16 @@ namespace fd::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Where the next visit's rows are fetched: to L2 when a visit's K and V and the next visit's
-// (4 head blocks) exceed this, since rows fetched into L1 were then evicted before use (L1 is
-// 48 KiB on the Xeon this was measured on). From memory, 2 threads, 64-token blocks, A/B in one
-// session: hd128 (64 KiB) read 7-9 % faster with L2 (GQA 1 1153-1181 -> 1233-1281 tokens/s,
-// GQA 4 1021-1072 -> 1104-1147); hd64 (32 KiB) gained nothing from L2 at GQA 1 and lost 5 % at
-// GQA 4, so it stays with L1.
+// How the next visit's rows are fetched: into L1 while a visit's K and V and the next visit's
+// (4 head blocks) fit in this, non-temporal beyond. On an Intel Xeon (Sapphire Rapids, L1 48 KiB)
+// rows fetched into L1 were evicted before use at hd128 (64 KiB): from memory, 2 threads, 64-token
+// blocks, prefetcht1 read it 7-9 % faster than prefetcht0 (GQA 1 1153-1181 -> 1233-1281 tokens/s,
+// GQA 4 1021-1072 -> 1104-1147); hd64 (32 KiB) gained nothing at GQA 1 and lost 5 % at GQA 4.
+// On AMD EPYC (Zen 5), prefetchnta then read hd128 faster still than prefetcht1:
+// fastdecode-bench attention --threads 2 --ctx 512,4096 --batch 16,64 --kv-dtype f16, medians of
+// 2 alternating runs, GQA 1 36.9-39.9 -> 39.9-44.8 GB/s, GQA 4 36.3-38.4 -> 36.9-40.6 (ctx 4096
+// batch 64: 38.4 -> 37.1, within its runs' ranges). It was mixed at hd64 (GQA 1 +1-6 %, GQA 4
+// -4-13 %), which keeps prefetcht0. Not measured on Intel (prefetchnta may differ there).
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
 
 // Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's key or
@@ -296,7 +300,7 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
     st.min_limit = j == 0 ? tile.limit[j] : std::min(st.min_limit, tile.limit[j]);
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
-  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? FetchTo::kL2 : FetchTo::kL1;
+  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? FetchTo::kNonTemporal : FetchTo::kL1;
 }
 
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
