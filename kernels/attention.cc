@@ -47,11 +47,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 // rows fetched into L1 were evicted before use at hd128 (64 KiB): from memory, 2 threads, 64-token
 // blocks, prefetcht1 read it 7-9 % faster than prefetcht0 (GQA 1 1153-1181 -> 1233-1281 tokens/s,
 // GQA 4 1021-1072 -> 1104-1147); hd64 (32 KiB) gained nothing at GQA 1 and lost 5 % at GQA 4.
-// On AMD EPYC (Zen 5), prefetchnta then read hd128 faster still than prefetcht1:
-// fastdecode-bench attention --threads 2 --ctx 512,4096 --batch 16,64 --kv-dtype f16, medians of
-// 2 alternating runs, GQA 1 36.9-39.9 -> 39.9-44.8 GB/s, GQA 4 36.3-38.4 -> 36.9-40.6 (ctx 4096
-// batch 64: 38.4 -> 37.1, within its runs' ranges). It was mixed at hd64 (GQA 1 +1-6 %, GQA 4
-// -4-13 %), which keeps prefetcht0. Not measured on Intel (prefetchnta may differ there).
+// On AMD EPYC (Zen 5), prefetchnta read hd128 faster still than prefetcht1: fastdecode-bench
+// attention --threads 2 --ctx 512,4096 --batch 16,64 --head-dim 64,128 --gqa 1,4 --kv-dtype f16,
+// medians of 2 alternating runs, hd128 GQA 1 36.9-39.9 -> 39.9-44.8 GB/s, GQA 4 36.3-38.4 ->
+// 36.9-40.6 (ctx 4096 batch 64: 38.4 -> 37.1, within its runs' ranges). At hd64 it was mixed
+// (GQA 1 +1-6 %, GQA 4 -4 to -13 %), so hd64 keeps prefetcht0. prefetchnta was not measured on
+// Intel.
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
 
 // Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's key or
