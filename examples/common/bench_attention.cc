@@ -45,7 +45,7 @@ struct BenchOptions {
   size_t max_kv_bytes = 0;
   size_t stream_bytes = 0;
   size_t cold_bytes = 0;  // KV of all layers together at least this: a layer is read from memory
-  bool grown_pages = false;  // reserve the sequences' pages in turn, as decoding grows them
+  std::string pages = "whole";  // or "grown": reserve the sequences' pages in turn, as decoding grows them
 };
 
 // Twice the last-level cache (sysconf; 64 MiB when it does not say).
@@ -116,9 +116,8 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
   o.dtypes = parse_dtypes(vm["kv-dtype"].as<std::string>());
   o.max_kv_bytes = parse_size(vm["max-kv"].as<std::string>());
   o.stream_bytes = parse_size(pick("stream-size", "256MiB"));
-  const std::string pages = vm["pages"].as<std::string>();
-  if (pages != "whole" && pages != "grown") throw Error("--pages must be whole or grown, not '" + pages + "'.");
-  o.grown_pages = pages == "grown";
+  o.pages = vm["pages"].as<std::string>();
+  if (o.pages != "whole" && o.pages != "grown") throw Error("--pages must be whole or grown, not '" + o.pages + "'.");
   const std::string cold = vm["cold-size"].as<std::string>();
   o.cold_bytes = cold == "auto" ? default_cold_bytes() : parse_size(cold);
   if (quick && vm["min-time"].defaulted()) o.min_time = 0.1;
@@ -222,7 +221,7 @@ CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::K
   const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
   std::vector<uint16_t> k, v;
   random_f16_rows(rng, static_cast<size_t>(ctx) * row, k, v);
-  for (size_t b = o.grown_pages ? 1 : blocks; b <= blocks; ++b)
+  for (size_t b = o.pages == "grown" ? 1 : blocks; b <= blocks; ++b)
     for (int s = 0; s < batch; ++s)
       store.reserve(static_cast<uint64_t>(s), static_cast<int>(std::min<size_t>(ctx, b * o.block_tokens)));
   for (int s = 0; s < batch; ++s)
@@ -302,7 +301,7 @@ int bench_attention_main(int argc, char** argv) {
   if (!o.json) {
     std::printf("threads %d, kv heads %d, block %d tokens, %s pages; layers read in turn up to %.0f MiB of "
                 "KV; stream read bandwidth %.1f GB/s (re-measured per case)\n",
-                o.threads, o.kv_heads, o.block_tokens, o.grown_pages ? "grown" : "whole",
+                o.threads, o.kv_heads, o.block_tokens, o.pages.c_str(),
                 double(o.cold_bytes) / (1 << 20), probe.gbps(pool, 7));
     std::printf("%-5s %4s %4s %6s %6s %9s %8s %7s %6s %12s %10s\n", "kv", "hd", "gqa", "ctx", "batch",
                 "KV MiB", "GB/s", "stream", "ratio", "tokens/s", "append us");
@@ -333,7 +332,7 @@ int bench_attention_main(int argc, char** argv) {
                   .add("threads", int64_t{o.threads})
                   .add("kv_heads", int64_t{o.kv_heads})
                   .add("kv_mib", r.kv_bytes / (1 << 20))
-                  .add("pages", std::string(o.grown_pages ? "grown" : "whole"))
+                  .add("pages", o.pages)
                   .add("layers", int64_t{r.layers})
                   .add("gbps", gbps)
                   .add("stream_gbps", stream)
