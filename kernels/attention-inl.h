@@ -85,9 +85,10 @@ HWY_INLINE void StoreNormalized(D d, const float* HWY_RESTRICT acc, float l, siz
   for (size_t c = 0; c < hd; c += hn::Lanes(d)) hn::StoreU(hn::Mul(hn::Load(d, acc + c), inv), d, out + c);
 }
 
-// How PacedPrefetch fetches: into L1 (prefetcht0), or non-temporal (prefetchnta: into L1 with
-// as little of the other levels as the CPU allows, since attention reads each row once).
-enum class FetchTo { kL1, kNonTemporal };
+// How PacedPrefetch fetches: into L1 (prefetcht0), into L2 (prefetcht1), or non-temporal
+// (prefetchnta: into L1 with as little of the other levels as the CPU allows, since attention
+// reads each row once).
+enum class FetchTo { kL1, kL2, kNonTemporal };
 
 // Fetches bytes [begin, end) after base into the cache over `slices` calls of Next(), the same
 // number of lines per call (the last calls may fetch none), so that the requests do not arrive in
@@ -104,6 +105,8 @@ class PacedPrefetch {
     const size_t to = std::min(end_, at_ + per_ * 64);
     if (to_ == FetchTo::kL1) {
       for (; at_ < to; at_ += 64) __builtin_prefetch(base_ + at_, 0, 3);
+    } else if (to_ == FetchTo::kL2) {
+      for (; at_ < to; at_ += 64) __builtin_prefetch(base_ + at_, 0, 2);
     } else {
       for (; at_ < to; at_ += 64) __builtin_prefetch(base_ + at_, 0, 0);
     }

@@ -43,17 +43,23 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // How the next visit's rows are fetched: into L1 while a visit's K and V and the next visit's
-// (4 head blocks) fit in this, non-temporal beyond. On an Intel Xeon (Sapphire Rapids, L1 48 KiB)
-// rows fetched into L1 were evicted before use at hd128 (64 KiB): from memory, 2 threads, 64-token
-// blocks, prefetcht1 read it 7-9 % faster than prefetcht0 (GQA 1 1153-1181 -> 1233-1281 tokens/s,
-// GQA 4 1021-1072 -> 1104-1147); hd64 (32 KiB) gained nothing at GQA 1 and lost 5 % at GQA 4.
-// On AMD EPYC (Zen 5), prefetchnta read hd128 faster still than prefetcht1: fastdecode-bench
-// attention --threads 2 --ctx 512,4096 --batch 16,64 --head-dim 64,128 --gqa 1,4 --kv-dtype f16,
-// medians of 2 alternating runs, hd128 GQA 1 36.9-39.9 -> 39.9-44.8 GB/s, GQA 4 36.3-38.4 ->
-// 36.9-40.6 (ctx 4096 batch 64: 38.4 -> 37.1, within its runs' ranges). At hd64 it was mixed
-// (GQA 1 +1-6 %, GQA 4 -4 to -13 %), so hd64 keeps prefetcht0. prefetchnta was not measured on
-// Intel.
+// (4 head blocks) fit in this; beyond it (hd128 at 64-token blocks), rows fetched into L1 were
+// evicted before use, and WideHeadFetch says how. On an Intel Xeon (Sapphire Rapids, L1 48 KiB),
+// 2 threads, prefetcht1 read hd128 7-9 % faster than prefetcht0 (GQA 1 1153-1181 -> 1233-1281
+// tokens/s, GQA 4 1021-1072 -> 1104-1147); hd64 (32 KiB) gained nothing at GQA 1 and lost 5 % at
+// GQA 4, and on AMD EPYC (Zen 5) prefetchnta was mixed there (GQA 1 +1-6 %, GQA 4 -4 to -13 %).
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
+
+// prefetchnta on AMD, prefetcht1 elsewhere. fastdecode-bench attention --head-dim 128 --kv-dtype
+// f16 --ctx 512,4096 --batch 16,64, 2 alternating runs, GB/s:
+// - AMD EPYC (Zen 5), 2 threads: prefetchnta read GQA 1 8-13 % faster than prefetcht1
+//   (36.9-39.9 -> 39.9-44.8), GQA 4 36.3-38.4 -> 36.9-40.6.
+// - Intel Xeon (Emerald Rapids, 16 cores), 16 threads: prefetchnta read 2.5 times slower than
+//   prefetcht1 (GQA 1 88-107 -> 39-43, GQA 4 81-100 -> 37-40; prefetcht0 86-100 and 76-94), and
+//   8 threads alike (52-73 -> 22-32).
+HWY_INLINE FetchTo WideHeadFetch() {
+  return __builtin_cpu_is("amd") ? FetchTo::kNonTemporal : FetchTo::kL2;
+}
 
 // Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's key or
 // value block as fp32, for c a multiple of Lanes(d). Layouts are documented in kernels/kv_format.h.
@@ -301,7 +307,7 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
     st.min_limit = j == 0 ? tile.limit[j] : std::min(st.min_limit, tile.limit[j]);
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
-  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? FetchTo::kNonTemporal : FetchTo::kL1;
+  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? WideHeadFetch() : FetchTo::kL1;
 }
 
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
