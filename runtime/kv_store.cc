@@ -46,8 +46,8 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
   head_bytes_ = format_->head_block_bytes(cfg.block_tokens, cfg.head_dim);
   layer_bytes_ = static_cast<size_t>(cfg.n_kv_heads) * head_bytes_;
   scratch_.assign(1, std::vector<uint8_t>(head_bytes_));
-  layer_page_bytes_ = (2 * layer_bytes_ + kPageAlign - 1) / kPageAlign * kPageAlign;
-  page_bytes_ = static_cast<size_t>(cfg.n_layers) * layer_page_bytes_;
+  part_bytes_ = (layer_bytes_ + kPageAlign - 1) / kPageAlign * kPageAlign;
+  page_bytes_ = static_cast<size_t>(cfg.n_layers) * 2 * part_bytes_;
   total_pages_ = cfg.capacity_bytes / page_bytes_;
   if (total_pages_ == 0)
     throw Error("KV-cache capacity of " + format_bytes(cfg.capacity_bytes) + " is smaller than one page of " +
@@ -94,9 +94,8 @@ void KvStore::reserve(uint64_t seq, int new_len) {
     --free_count_;
     s.pages.push_back(page);
     for (size_t l = 0; l < s.len.size(); ++l) {
-      const uint8_t* base = arena_.get() + (l * total_pages_ + page) * layer_page_bytes_;
-      s.kb[l].push_back(base);
-      s.vb[l].push_back(base + layer_bytes_);
+      s.kb[l].push_back(arena_.get() + ((2 * l) * total_pages_ + page) * part_bytes_);
+      s.vb[l].push_back(arena_.get() + ((2 * l + 1) * total_pages_ + page) * part_bytes_);
       s.k[l].push_back(reinterpret_cast<const uint16_t*>(s.kb[l].back()));
       s.v[l].push_back(reinterpret_cast<const uint16_t*>(s.vb[l].back()));
     }

@@ -99,18 +99,26 @@ class KvStore {
   const kernels::KvFormat* format_ = nullptr;
   size_t head_bytes_ = 0;   // one kv head's rows of one block (KvFormat::head_block_bytes)
   size_t layer_bytes_ = 0;  // K (or V) of one layer in one page: [n_kv_heads][head_bytes_]
-  size_t layer_page_bytes_ = 0;  // K and V of one layer in one page, padded to a cache line
-  size_t page_bytes_ = 0;        // one page's share of the arena: n_layers * layer_page_bytes_
+  size_t part_bytes_ = 0;  // layer_bytes_ padded to a cache line: a page's K (or V) of one layer
+  size_t page_bytes_ = 0;  // one page's share of the arena: n_layers * 2 * part_bytes_
   size_t total_pages_ = 0;
   struct Unmap {
     size_t bytes;
     void operator()(uint8_t* p) const;
   };
-  // [n_layers][total_pages_][layer_page_bytes_], reserved as virtual memory (the OS commits a page
-  // on first write), so pages never move and block pointers stay valid. Layer-major, so that a
-  // sequence's consecutive pages are one run of memory per layer: with pages of all layers side
-  // by side, attention jumped a page's other layers every 128 KiB (hd64, 8 kv heads) and read
-  // slower from memory on one core: fp16 hd64 by 6-12 %, int8 by 4-34 % (AMD EPYC Zen 5).
+  // [n_layers][K, V][total_pages_][part_bytes_], reserved as virtual memory (the OS commits a
+  // page on first write), so pages never move and block pointers stay valid. A sequence's
+  // consecutive pages are then one run of K and one of V per layer. Layer-major: with pages of all
+  // layers side by side, attention jumped a page's other layers every 128 KiB (hd64, 8 kv heads)
+  // and read slower from memory on one core: fp16 hd64 by 6-12 %, int8 by 4-34 % (AMD EPYC Zen 5).
+  // K apart from V: AMD Zen 5's hardware prefetchers follow each load instruction's addresses, and
+  // the kernels read K and V with different instructions; with each page's K and V side by side,
+  // each one's addresses jumped every page. One core reading memory in 4 KiB pieces in address
+  // order read 29-30 GB/s with one loop, 20 with two loops taking turns. fastdecode-bench
+  // attention --threads 2 --ctx 4096 --batch 16,64, with kMaxGroupQ 32, 3 alternating runs: int8
+  // 26.5-42.3 -> 30.4-51.5 GB/s (hd64 GQA 1 batch 64 40.7 -> 51.5), fp16 35.5-43.0 -> 37.0-45.2,
+  // int4 within noise. Intel Xeon (Emerald Rapids), batch 64: 16 threads, 2 runs, fp16 hd64 8-29 %
+  // faster, the rest within the runs' spread; 8 threads, one run, -13 to +10 %.
   std::unique_ptr<uint8_t, Unmap> arena_;
   std::vector<uint8_t> page_free_;  // [total_pages_] 1 where the page is free
   size_t free_count_ = 0;

@@ -221,27 +221,32 @@ TEST_CASE("KvStore blocks keep their address while the sequence grows", "[kv]") 
   check_contents(s, 1, 0);
 }
 
-// Attention reads a layer's blocks in order; pages reserved together must follow each other in
-// memory within each layer, not be spread apart by the other layers' halves of the pages.
-TEST_CASE("KvStore lays a layer's consecutive pages out as one run of memory", "[kv]") {
+// Attention reads a layer's blocks in order, K and V with different instructions; pages reserved
+// together must follow each other in memory within each layer, K by K and V by V, not be spread
+// apart by the other layers' pages or by each other.
+TEST_CASE("KvStore lays a layer's consecutive pages out as one run of K and one of V", "[kv]") {
   fd::KvStore s(small_config(16));
   s.reserve(1, 5 * 4);
-  const size_t layer_page = s.page_bytes() / 2;  // small_config: 2 layers
+  const size_t part = s.page_bytes() / 4;  // small_config: 2 layers, each K and V
+  CHECK(part == 2 * 4 * 8 * sizeof(uint16_t));  // one page's K of both kv heads
   for (int l = 0; l < 2; ++l) {
     const auto kv = s.view_blocks(1, l);
     for (size_t b = 0; b < 5; ++b) {
-      CHECK(kv.v[b] - kv.k[b] == ptrdiff_t(2 * 4 * 8 * sizeof(uint16_t)));  // K of both kv heads
-      if (b > 0) CHECK(kv.k[b] - kv.k[b - 1] == ptrdiff_t(layer_page));
+      CHECK(kv.v[b] - kv.k[b] == ptrdiff_t(16 * part));  // the K of all 16 pages lie between
+      if (b > 0) {
+        CHECK(kv.k[b] - kv.k[b - 1] == ptrdiff_t(part));
+        CHECK(kv.v[b] - kv.v[b - 1] == ptrdiff_t(part));
+      }
     }
   }
-  CHECK(s.view_blocks(1, 1).k[0] - s.view_blocks(1, 0).k[0] == ptrdiff_t(16 * layer_page));
+  CHECK(s.view_blocks(1, 1).k[0] - s.view_blocks(1, 0).k[0] == ptrdiff_t(2 * 16 * part));
 }
 
 // Decoding grows a batch of sequences a page each in turn; each must still grow into a run of its
 // own, and take what is left once the runs meet.
 TEST_CASE("KvStore sequences that grow in turn each keep their pages in one run", "[kv]") {
   fd::KvStore s(small_config(64));
-  const size_t layer_page = s.page_bytes() / 2;
+  const size_t part = s.page_bytes() / 4;  // one page's K of one layer
   for (int len = 4; len <= 8 * 4; len += 4)
     for (uint64_t seq = 1; seq <= 4; ++seq) s.reserve(seq, len);
   std::set<const uint8_t*> starts;
@@ -249,7 +254,7 @@ TEST_CASE("KvStore sequences that grow in turn each keep their pages in one run"
     INFO("sequence " << seq);
     const auto kv = s.view_blocks(seq, 0);
     starts.insert(kv.k[0]);
-    for (size_t b = 1; b < 8; ++b) CHECK(kv.k[b] - kv.k[b - 1] == ptrdiff_t(layer_page));
+    for (size_t b = 1; b < 8; ++b) CHECK(kv.k[b] - kv.k[b - 1] == ptrdiff_t(part));
   }
   CHECK(starts.size() == 4);
   for (int len = 9 * 4; len <= 16 * 4; len += 4)  // all 64 pages: the runs meet
