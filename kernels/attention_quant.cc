@@ -282,6 +282,15 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
   }
 }
 
+// The next visit's K and V fetched together, paced by one phase of a tile.
+struct FetchBoth {
+  PacedPrefetch k, v;
+  HWY_INLINE void Next() {
+    k.Next();
+    v.Next();
+  }
+};
+
 // Queries per q4 scoring pass, and key vectors per pass of NP queries: each keeps NP * W integer
 // and as many fp32 sums, within the register file (16 vectors; 32 on AVX-512) and a tile.
 constexpr int kQ4PassQ = 4;
@@ -386,13 +395,13 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
 
 // s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
 // [tb, tb + n) of a q4 head block (tb a multiple of kQ4KeyGroup), kQ4PassQ queries at a time. The
-// bytes [pf_begin, pf_end) at kn are fetched meanwhile, paced by the first pass. Not inlined: in a
-// function of its own the loop keeps its pointers in registers (inlined into AttendBlockQuant,
-// the old row-major q4 loop spilled them).
+// bytes [pf_begin, pf_end) at kn and [pf_begin, v_end) at vn are fetched meanwhile, paced by the
+// first pass. Not inlined: in a function of its own the loop keeps its pointers in registers
+// (inlined into AttendBlockQuant, the old row-major q4 loop spilled them).
 template <int NQ, class D8>
 HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t tb, size_t n, size_t hd,
-                              const QuantQuery* qq, float (*s)[kTileT], const uint8_t* kn, size_t pf_begin,
-                              size_t pf_end) {
+                              const QuantQuery* qq, float (*s)[kTileT], const uint8_t* kn, const uint8_t* vn,
+                              size_t pf_begin, size_t pf_end, size_t v_end) {
   const hn::Repartition<int32_t, D8> d32;
   // Passes over the tile's key vectors for NP queries; every q4 key lies in a whole key group (a
   // block is padded to them).
@@ -400,7 +409,7 @@ HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales
     ForEachKeyPass<Q4KeyVectors<decltype(np)::value, decltype(d32)>()>(
         0, tb, n, std::numeric_limits<size_t>::max(), hn::Lanes(d32), pass, [](size_t) {});
   };
-  const auto score = [&](auto np, size_t j0, PacedPrefetch& fetch) HWY_ATTR {
+  const auto score = [&](auto np, size_t j0, auto& fetch) HWY_ATTR {
     walk(np, [&](size_t t, auto width) HWY_ATTR {
       ScoreKeyVectorsQ4<decltype(np)::value, decltype(width)::value>(d8, data, scales, tb + t, hd, qq + j0, s + j0,
                                                                       t, fetch);
@@ -409,7 +418,8 @@ HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales
   const std::integral_constant<int, (NQ < kQ4PassQ ? NQ : kQ4PassQ)> first;
   size_t passes = 0;
   walk(first, [&](size_t, auto) { ++passes; });
-  PacedPrefetch fetch(kn, pf_begin, pf_end, passes * (hd / 32));  // Next() once per scale group
+  const size_t slices = passes * (hd / 32);  // Next() once per scale group
+  FetchBoth fetch{PacedPrefetch(kn, pf_begin, pf_end, slices), PacedPrefetch(vn, pf_begin, v_end, slices)};
   score(first, 0, fetch);
   if constexpr (NQ > kQ4PassQ) {
     PacedPrefetch none(nullptr, 0, 0, 0);
@@ -580,13 +590,13 @@ HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scale
 }
 
 // s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
-// [tb, tb + n) of a sealed q8 head block (key groups at kd, fp32 scales [bt]). The
-// bytes [pf_begin, pf_end) of the head block at kn are fetched meanwhile, in about 16 steps, as
-// the row-major keys are (in bursts of a quarter tile, GQA 1 read slower from memory).
+// [tb, tb + n) of a sealed q8 head block (key groups at kd, fp32 scales [bt]). The bytes
+// [pf_begin, pf_end) at kn and [pf_begin, v_end) at vn are fetched meanwhile, in about 16 steps,
+// as the row-major keys are (in bursts of a quarter tile, GQA 1 read slower from memory).
 template <int NQ, class DK>
 HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const float* scales, size_t tb, size_t n, size_t bt,
                               size_t hd, const QuantQuery* qq, float (*s)[kTileT], const uint8_t* kn,
-                              size_t pf_begin, size_t pf_end) {
+                              const uint8_t* vn, size_t pf_begin, size_t pf_end, size_t v_end) {
   constexpr size_t kSteps = 16;
   constexpr int NP = NQ < kSealedPassQ ? NQ : kSealedPassQ;
   const size_t TV = hn::Lanes(dk) / 2;
@@ -594,7 +604,8 @@ HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const float* scales, size
                         std::max<size_t>(1, n / (TV * SealedVectors<NP, DK>()));
   const size_t pairs = hd / 2;
   const size_t cadence = std::max<size_t>(1, (pairs * passes + kSteps - 1) / kSteps);
-  PacedPrefetch fetch(kn, pf_begin, pf_end, passes * ((pairs + cadence - 1) / cadence));
+  const size_t slices = passes * ((pairs + cadence - 1) / cadence);
+  FetchBoth fetch{PacedPrefetch(kn, pf_begin, pf_end, slices), PacedPrefetch(vn, pf_begin, v_end, slices)};
   ScoreSealedQueriesQ8<NQ>(dk, kd, scales, tb, n, bt, hd, qq, s, cadence, fetch);
 }
 
@@ -638,11 +649,9 @@ HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const ValueWeights& vw, int quad) {
 // acc[j][c0, c0 + CU * L) += factor_j * (sum over the tile's quads of weights . values): the
 // quads [kq0, kq0 + n_quads) of q8 value chunks at vd (kv_format.h), weights vw[j][0] per query.
 // kWhole: every chunk is kQ8ValueChunk elements wide (then one offset serves all vectors).
-// fetch.Next() before every quad, so the next rows' prefetch trickles out (as in the fp16 kernel).
-template <int NQ, int CU, bool kWhole, class DF, class Fetch>
+template <int NQ, int CU, bool kWhole, class DF>
 HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt, size_t kq0, int n_quads,
-                                  const ValueWeights (*vw)[kMaxGroups], size_t c0, float (*acc)[kMaxHeadDim],
-                                  Fetch& fetch) {
+                                  const ValueWeights (*vw)[kMaxGroups], size_t c0, float (*acc)[kMaxHeadDim]) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<int8_t, decltype(d32)> d8;
   using VI = hn::Vec<decltype(d32)>;
@@ -661,7 +670,6 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt,
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) a[u][j] = hn::Zero(d32);
   for (int k = 0; k < n_quads; ++k) {
-    fetch.Next();
     VI v[CU];
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) {
@@ -693,10 +701,9 @@ constexpr int kQ4Int16Quads = 8;
 // The same for the quads [k0, k1) of q4 value quads [n_quads][groups][16][4] bytes (nibbles taken
 // as nibble - 8), one ValueWeights per query and group. A unit is 4L bytes of one group: its low
 // nibbles are elements [32g + j0, + L), its high nibbles [32g + 16 + j0, + L).
-template <int NQ, int CU, class DF, class Fetch>
+template <int NQ, int CU, class DF>
 HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, int k0, int k1,
-                                  const ValueWeights (*vw)[kMaxGroups], size_t u0, float (*acc)[kMaxHeadDim],
-                                  Fetch& fetch) {
+                                  const ValueWeights (*vw)[kMaxGroups], size_t u0, float (*acc)[kMaxHeadDim]) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<uint8_t, decltype(d32)> d8;
   const hn::Repartition<uint16_t, decltype(d32)> du16;
@@ -729,7 +736,6 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
   const hn::RebindToSigned<decltype(d8)> di8;
   const auto eight = hn::Set(di8, 8);
   for (int k = k0; k < k1; ++k) {
-    fetch.Next();
     const uint8_t* quad = quads + static_cast<size_t>(k) * groups * 64;
     VI lo[CU], hi[CU];
 #pragma GCC unroll 8
@@ -786,7 +792,15 @@ struct QuantTileState {
 // Streaming softmax over the visible keys of block b in tiles of kTileT keys that start at
 // multiples of kTileT within the block: per tile, score every key once for all NQ queries, fold the
 // tile into the running max / denominator, then read each value row once. kn, vn: the K and V
-// rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps).
+// rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps): a
+// tile's share of them, K and the first half of V while the keys are scored, the rest of V while
+// the weights are rounded, and none while the values are summed. A prefetch waits for a free
+// L1 miss buffer, and the value sums, the shortest phase, had fetched all of V in a burst while
+// nothing was fetched during the softmax: on one core (AMD EPYC Zen 5, ctx 4096, batch 16, GQA 4,
+// hd64, perf's cpu-clock samples) 30 % of the q8 kernel's time, and 29 % and 47 % of the two q4
+// functions', fell on the instructions after a prefetch. 2 threads, ctx 4096, batch 64, medians
+// of 3 alternating runs, GB/s: q8 GQA 4 29.9 -> 34.9 (hd64), 27.0 -> 30.5 (hd128); q4 19.2 ->
+// 21.0, 22.0 -> 23.6 at GQA 4 and 33.2 -> 40.6, 37.4 -> 44.7 at GQA 1.
 // DK: the key tag (q4: bytes, four per key; q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
@@ -810,15 +824,17 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
     const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
+    const size_t v_mid = std::min(pf_end, (pf_begin + pf_end) / 2 / 64 * 64);  // V below it: with K
     if (sealed) {
       if constexpr (!kQ4)
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
-                          static_cast<size_t>(n), bt, hd, st.qq, st.s, kn, pf_begin, pf_end);
+                          static_cast<size_t>(n), bt, hd, st.qq, st.s, kn, vn, pf_begin, pf_end, v_mid);
     } else if constexpr (kQ4) {
       ScoreTileQ4<NQ>(dk, kd, reinterpret_cast<const uint16_t*>(kb), tb, static_cast<size_t>(n), hd, st.qq, st.s,
-                      kn, pf_begin, pf_end);
+                      kn, vn, pf_begin, pf_end, v_mid);
     } else {
-      PacedPrefetch next_keys(kn, pf_begin, pf_end, static_cast<size_t>(n + 3) / 4);
+      const size_t slices = static_cast<size_t>(n + 3) / 4;
+      FetchBoth next_keys{PacedPrefetch(kn, pf_begin, pf_end, slices), PacedPrefetch(vn, pf_begin, v_mid, slices)};
       for (int t = 0; t < n; t += 4) {
         next_keys.Next();
         size_t rows[4];
@@ -856,6 +872,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     }
     float pmax[NQ];
     SoftmaxFoldTiles<NQ>(dt, df, st.s, n, kTileT, st.m, st.l, st.acc, hd, pmax);
+    PacedPrefetch next_values(vn, v_mid, pf_end, static_cast<size_t>(NQ) * (kQ4 ? groups : 1) * chunks);
     for (int j = 0; j < NQ; ++j) {
       for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
         const float bound = pmax[j] * smax[g];
@@ -863,6 +880,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         vw.factor = bound / kWeightLevels<kQ4>;
         const float inv = bound > 0.0f ? kWeightLevels<kQ4> / bound : 0.0f;
         for (int c = 0; c < chunks; ++c) {
+          next_values.Next();
           const size_t t = static_cast<size_t>(c) * LT;
           RoundWeights(dt, hn::Mul(hn::Load(dt, st.s[j] + t), scale[g][c]), inv, t, vw);
         }
@@ -879,7 +897,6 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
                                  : NQ == 2 ? 4 : (NQ <= 4 && HWY_TARGET <= HWY_AVX3) ? 2 : 1;
       const size_t units = hd / (2 * L);
       const uint8_t* quads = vd + tb / 4 * groups * 64;
-      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(n_quads));
 #if FD_Q4_INT16_SUMS
       constexpr int kRun = kQ4Int16Quads;
 #else
@@ -888,19 +905,18 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       for (int k0 = 0; k0 < n_quads; k0 += kRun) {
         ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
           AccumulateQuadsQ4<NQ, decltype(width)::value>(df, quads, groups, k0, std::min(n_quads, k0 + kRun), st.vw,
-                                                        u, st.acc, next_values);
+                                                        u, st.acc);
         });
       }
     } else {
       constexpr int CQ = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;  // chunks per pass
       const auto* chunks_at = reinterpret_cast<const int8_t*>(vd);
-      PacedPrefetch next_values(vn, pf_begin, pf_end, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads));
       ForEachPass<CQ, 2>(hd, L, [&](size_t c, auto width) {
         constexpr int CU = decltype(width)::value;
         if (hd % kQ8ValueChunk == 0) {
-          AccumulateQuadsQ8<NQ, CU, true>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc, next_values);
+          AccumulateQuadsQ8<NQ, CU, true>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc);
         } else {
-          AccumulateQuadsQ8<NQ, CU, false>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc, next_values);
+          AccumulateQuadsQ8<NQ, CU, false>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc);
         }
       });
     }
