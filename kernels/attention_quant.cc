@@ -282,8 +282,11 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
   }
 }
 
-// The next visit's K and V fetched together, paced by one phase of a tile.
+// The next visit's K and V fetched together over `slices` calls of Next(), paced by one phase of a
+// tile: bytes [begin, k_end) after k and [begin, v_end) after v.
 struct FetchBoth {
+  FetchBoth(const uint8_t* k_base, const uint8_t* v_base, size_t begin, size_t k_end, size_t v_end, size_t slices)
+      : k(k_base, begin, k_end, slices), v(v_base, begin, v_end, slices) {}
   PacedPrefetch k, v;
   HWY_INLINE void Next() {
     k.Next();
@@ -419,7 +422,7 @@ HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales
   size_t passes = 0;
   walk(first, [&](size_t, auto) { ++passes; });
   const size_t slices = passes * (hd / 32);  // Next() once per scale group
-  FetchBoth fetch{PacedPrefetch(kn, pf_begin, pf_end, slices), PacedPrefetch(vn, pf_begin, v_end, slices)};
+  FetchBoth fetch(kn, vn, pf_begin, pf_end, v_end, slices);
   score(first, 0, fetch);
   if constexpr (NQ > kQ4PassQ) {
     PacedPrefetch none(nullptr, 0, 0, 0);
@@ -605,7 +608,7 @@ HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const float* scales, size
   const size_t pairs = hd / 2;
   const size_t cadence = std::max<size_t>(1, (pairs * passes + kSteps - 1) / kSteps);
   const size_t slices = passes * ((pairs + cadence - 1) / cadence);
-  FetchBoth fetch{PacedPrefetch(kn, pf_begin, pf_end, slices), PacedPrefetch(vn, pf_begin, v_end, slices)};
+  FetchBoth fetch(kn, vn, pf_begin, pf_end, v_end, slices);
   ScoreSealedQueriesQ8<NQ>(dk, kd, scales, tb, n, bt, hd, qq, s, cadence, fetch);
 }
 
@@ -833,8 +836,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       ScoreTileQ4<NQ>(dk, kd, reinterpret_cast<const uint16_t*>(kb), tb, static_cast<size_t>(n), hd, st.qq, st.s,
                       kn, vn, pf_begin, pf_end, v_mid);
     } else {
-      const size_t slices = static_cast<size_t>(n + 3) / 4;
-      FetchBoth next_keys{PacedPrefetch(kn, pf_begin, pf_end, slices), PacedPrefetch(vn, pf_begin, v_mid, slices)};
+      FetchBoth next_keys(kn, vn, pf_begin, pf_end, v_mid, static_cast<size_t>(n + 3) / 4);
       for (int t = 0; t < n; t += 4) {
         next_keys.Next();
         size_t rows[4];
