@@ -283,15 +283,49 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
 }
 
 // The next visit's K and V fetched together over `slices` calls of Next(), paced by one phase of a
-// tile: bytes [begin, k_end) after k and [begin, v_end) after v.
+// tile.
 struct FetchBoth {
-  FetchBoth(const uint8_t* k_base, const uint8_t* v_base, size_t begin, size_t k_end, size_t v_end, size_t slices)
-      : k(k_base, begin, k_end, slices), v(v_base, begin, v_end, slices) {}
   PacedPrefetch k, v;
   HWY_INLINE void Next() {
     k.Next();
     v.Next();
   }
+};
+
+// Tenths of a tile's share of the next visit's K and V fetched while its keys are scored and while
+// its weights are rounded; the rest is fetched while its values are summed (see AttendBlockQuant).
+struct FetchTenths {
+  size_t key[2], value[2];
+};
+// K while scoring, V half while scoring and half while rounding: none while the values are summed.
+constexpr FetchTenths kFetchBeforeSums = {{10, 0}, {5, 5}};
+// Of the bytes, 4 tenths while scoring and 3 in each other phase.
+constexpr FetchTenths kFetchInAllPhases = {{5, 3}, {3, 3}};
+
+// A tile's share of the next visit's rows (K bytes [begin, end) after kn, V the same after vn),
+// cut between the tile's phases: phase p (0 scoring, 1 rounding, 2 value sums) fetches K
+// [k[p], k[p + 1]) and V [v[p], v[p + 1]).
+struct NextShare {
+  NextShare(const uint8_t* k_next, const uint8_t* v_next, size_t begin, size_t end, const FetchTenths& tenths)
+      : kn(k_next), vn(v_next) {
+    const auto cut = [&](size_t t) { return t >= 10 ? end : std::min(end, (begin + (end - begin) * t / 10) / 64 * 64); };
+    k[0] = v[0] = begin;
+    k[1] = cut(tenths.key[0]);
+    k[2] = cut(tenths.key[0] + tenths.key[1]);
+    v[1] = cut(tenths.value[0]);
+    v[2] = cut(tenths.value[0] + tenths.value[1]);
+    k[3] = v[3] = end;
+  }
+  FetchBoth Phase(int p, size_t slices) const {
+    return {PacedPrefetch(kn, k[p], k[p + 1], slices), PacedPrefetch(vn, v[p], v[p + 1], slices)};
+  }
+  const uint8_t* kn;
+  const uint8_t* vn;
+  size_t k[4], v[4];
+};
+
+struct NoFetch {
+  HWY_INLINE void Next() {}
 };
 
 // Queries per q4 scoring pass, and key vectors per pass of NP queries: each keeps NP * W integer
@@ -398,13 +432,12 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
 
 // s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
 // [tb, tb + n) of a q4 head block (tb a multiple of kQ4KeyGroup), kQ4PassQ queries at a time. The
-// bytes [pf_begin, pf_end) at kn and [pf_begin, v_end) at vn are fetched meanwhile, paced by the
-// first pass. Not inlined: in a function of its own the loop keeps its pointers in registers
-// (inlined into AttendBlockQuant, the old row-major q4 loop spilled them).
+// scoring phase of `next` is fetched meanwhile, paced by the first pass. Not inlined: in a
+// function of its own the loop keeps its pointers in registers (inlined into AttendBlockQuant,
+// the old row-major q4 loop spilled them).
 template <int NQ, class D8>
 HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t tb, size_t n, size_t hd,
-                              const QuantQuery* qq, float (*s)[kTileT], const uint8_t* kn, const uint8_t* vn,
-                              size_t pf_begin, size_t pf_end, size_t v_end) {
+                              const QuantQuery* qq, float (*s)[kTileT], const NextShare& next) {
   const hn::Repartition<int32_t, D8> d32;
   // Passes over the tile's key vectors for NP queries; every q4 key lies in a whole key group (a
   // block is padded to them).
@@ -421,8 +454,7 @@ HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales
   const std::integral_constant<int, (NQ < kQ4PassQ ? NQ : kQ4PassQ)> first;
   size_t passes = 0;
   walk(first, [&](size_t, auto) { ++passes; });
-  const size_t slices = passes * (hd / 32);  // Next() once per scale group
-  FetchBoth fetch(kn, vn, pf_begin, pf_end, v_end, slices);
+  FetchBoth fetch = next.Phase(0, passes * (hd / 32));  // Next() once per scale group
   score(first, 0, fetch);
   if constexpr (NQ > kQ4PassQ) {
     PacedPrefetch none(nullptr, 0, 0, 0);
@@ -593,13 +625,12 @@ HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scale
 }
 
 // s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
-// [tb, tb + n) of a sealed q8 head block (key groups at kd, fp32 scales [bt]). The bytes
-// [pf_begin, pf_end) at kn and [pf_begin, v_end) at vn are fetched meanwhile, in about 16 steps,
-// as the row-major keys are (in bursts of a quarter tile, GQA 1 read slower from memory).
+// [tb, tb + n) of a sealed q8 head block (key groups at kd, fp32 scales [bt]). The scoring phase
+// of `next` is fetched meanwhile, in about 16 steps, as the row-major keys are (in bursts of a
+// quarter tile, GQA 1 read slower from memory).
 template <int NQ, class DK>
 HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const float* scales, size_t tb, size_t n, size_t bt,
-                              size_t hd, const QuantQuery* qq, float (*s)[kTileT], const uint8_t* kn,
-                              const uint8_t* vn, size_t pf_begin, size_t pf_end, size_t v_end) {
+                              size_t hd, const QuantQuery* qq, float (*s)[kTileT], const NextShare& next) {
   constexpr size_t kSteps = 16;
   constexpr int NP = NQ < kSealedPassQ ? NQ : kSealedPassQ;
   const size_t TV = hn::Lanes(dk) / 2;
@@ -607,8 +638,7 @@ HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const float* scales, size
                         std::max<size_t>(1, n / (TV * SealedVectors<NP, DK>()));
   const size_t pairs = hd / 2;
   const size_t cadence = std::max<size_t>(1, (pairs * passes + kSteps - 1) / kSteps);
-  const size_t slices = passes * ((pairs + cadence - 1) / cadence);
-  FetchBoth fetch(kn, vn, pf_begin, pf_end, v_end, slices);
+  FetchBoth fetch = next.Phase(0, passes * ((pairs + cadence - 1) / cadence));
   ScoreSealedQueriesQ8<NQ>(dk, kd, scales, tb, n, bt, hd, qq, s, cadence, fetch);
 }
 
@@ -652,9 +682,11 @@ HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const ValueWeights& vw, int quad) {
 // acc[j][c0, c0 + CU * L) += factor_j * (sum over the tile's quads of weights . values): the
 // quads [kq0, kq0 + n_quads) of q8 value chunks at vd (kv_format.h), weights vw[j][0] per query.
 // kWhole: every chunk is kQ8ValueChunk elements wide (then one offset serves all vectors).
-template <int NQ, int CU, bool kWhole, class DF>
+// fetch.Next() before every quad.
+template <int NQ, int CU, bool kWhole, class DF, class Fetch>
 HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt, size_t kq0, int n_quads,
-                                  const ValueWeights (*vw)[kMaxGroups], size_t c0, float (*acc)[kMaxHeadDim]) {
+                                  const ValueWeights (*vw)[kMaxGroups], size_t c0, float (*acc)[kMaxHeadDim],
+                                  Fetch& fetch) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<int8_t, decltype(d32)> d8;
   using VI = hn::Vec<decltype(d32)>;
@@ -673,6 +705,7 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt,
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) a[u][j] = hn::Zero(d32);
   for (int k = 0; k < n_quads; ++k) {
+    fetch.Next();
     VI v[CU];
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) {
@@ -795,15 +828,13 @@ struct QuantTileState {
 // Streaming softmax over the visible keys of block b in tiles of kTileT keys that start at
 // multiples of kTileT within the block: per tile, score every key once for all NQ queries, fold the
 // tile into the running max / denominator, then read each value row once. kn, vn: the K and V
-// rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps): a
-// tile's share of them, K and the first half of V while the keys are scored, the rest of V while
-// the weights are rounded, and none while the values are summed. A prefetch waits for a free
-// L1 miss buffer, and the value sums, the shortest phase, had fetched all of V in a burst while
-// nothing was fetched during the softmax: on one core (AMD EPYC Zen 5, ctx 4096, batch 16, GQA 4,
-// hd64, perf's cpu-clock samples) 30 % of the q8 kernel's time, and 29 % and 47 % of the two q4
-// functions', fell on the instructions after a prefetch. 2 threads, ctx 4096, batch 64, medians
-// of 3 alternating runs, GB/s: q8 GQA 4 29.9 -> 34.9 (hd64), 27.0 -> 30.5 (hd128); q4 19.2 ->
-// 21.0, 22.0 -> 23.6 at GQA 4 and 33.2 -> 40.6, 37.4 -> 44.7 at GQA 1.
+// rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps), a
+// tile's share of them cut between its phases (NextShare). A prefetch waits for a free L1 miss
+// buffer, and memory idles through a phase that fetches nothing. q8 with head_dim >= 128, whose
+// value sums are the longest, also fetches while summing: ctx 4096, batch 16, GQA 4 (AMD EPYC
+// Zen 5), two copies at once, one core each, cores swapped: 1.13-1.23x as fast in 4 pairs; 2
+// threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s (batch 64: 30.5 -> 37.4). q4 and
+// hd64 kept the fetch out of the value sums: with it, their pairs read 0.88-1.00x as fast.
 // DK: the key tag (q4: bytes, four per key; q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
@@ -822,21 +853,22 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const uint8_t* kd = kb + data_off;
   const uint8_t* vd = vb + data_off;
   const bool sealed = !kQ4 && (b + 1) * bt <= static_cast<size_t>(kv.len) && detail::q8_seals_keys(hd);
+  const bool fetch_while_summing = !kQ4 && hd >= 128;
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
     const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
-    const size_t v_mid = std::min(pf_end, (pf_begin + pf_end) / 2 / 64 * 64);  // V below it: with K
+    const NextShare next(kn, vn, pf_begin, pf_end, fetch_while_summing ? kFetchInAllPhases : kFetchBeforeSums);
     if (sealed) {
       if constexpr (!kQ4)
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
-                          static_cast<size_t>(n), bt, hd, st.qq, st.s, kn, vn, pf_begin, pf_end, v_mid);
+                          static_cast<size_t>(n), bt, hd, st.qq, st.s, next);
     } else if constexpr (kQ4) {
       ScoreTileQ4<NQ>(dk, kd, reinterpret_cast<const uint16_t*>(kb), tb, static_cast<size_t>(n), hd, st.qq, st.s,
-                      kn, vn, pf_begin, pf_end, v_mid);
+                      next);
     } else {
-      FetchBoth next_keys(kn, vn, pf_begin, pf_end, v_mid, static_cast<size_t>(n + 3) / 4);
+      FetchBoth next_keys = next.Phase(0, static_cast<size_t>(n + 3) / 4);
       for (int t = 0; t < n; t += 4) {
         next_keys.Next();
         size_t rows[4];
@@ -874,7 +906,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     }
     float pmax[NQ];
     SoftmaxFoldTiles<NQ>(dt, df, st.s, n, kTileT, st.m, st.l, st.acc, hd, pmax);
-    PacedPrefetch next_values(vn, v_mid, pf_end, static_cast<size_t>(NQ) * (kQ4 ? groups : 1) * chunks);
+    FetchBoth while_rounding = next.Phase(1, static_cast<size_t>(NQ) * (kQ4 ? groups : 1) * chunks);
     for (int j = 0; j < NQ; ++j) {
       for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
         const float bound = pmax[j] * smax[g];
@@ -882,7 +914,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         vw.factor = bound / kWeightLevels<kQ4>;
         const float inv = bound > 0.0f ? kWeightLevels<kQ4> / bound : 0.0f;
         for (int c = 0; c < chunks; ++c) {
-          next_values.Next();
+          while_rounding.Next();
           const size_t t = static_cast<size_t>(c) * LT;
           RoundWeights(dt, hn::Mul(hn::Load(dt, st.s[j] + t), scale[g][c]), inv, t, vw);
         }
@@ -913,14 +945,23 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     } else {
       constexpr int CQ = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;  // chunks per pass
       const auto* chunks_at = reinterpret_cast<const int8_t*>(vd);
-      ForEachPass<CQ, 2>(hd, L, [&](size_t c, auto width) {
-        constexpr int CU = decltype(width)::value;
-        if (hd % kQ8ValueChunk == 0) {
-          AccumulateQuadsQ8<NQ, CU, true>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc);
-        } else {
-          AccumulateQuadsQ8<NQ, CU, false>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc);
-        }
-      });
+      const auto sum = [&](auto& fetch) HWY_ATTR {
+        ForEachPass<CQ, 2>(hd, L, [&](size_t c, auto width) {
+          constexpr int CU = decltype(width)::value;
+          if (hd % kQ8ValueChunk == 0) {
+            AccumulateQuadsQ8<NQ, CU, true>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc, fetch);
+          } else {
+            AccumulateQuadsQ8<NQ, CU, false>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc, fetch);
+          }
+        });
+      };
+      if (fetch_while_summing) {  // a fetch in the loop, even of nothing, read hd64 GQA 4 11 % slower
+        FetchBoth while_summing = next.Phase(2, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads));
+        sum(while_summing);
+      } else {
+        NoFetch none;
+        sum(none);
+      }
     }
   }
 }
