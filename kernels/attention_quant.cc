@@ -457,7 +457,7 @@ HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales
   FetchBoth fetch = next.Phase(0, passes * (hd / 32));  // Next() once per scale group
   score(first, 0, fetch);
   if constexpr (NQ > kQ4PassQ) {
-    PacedPrefetch none(nullptr, 0, 0, 0);
+    NoFetch none;
     score(std::integral_constant<int, NQ - kQ4PassQ>(), kQ4PassQ, none);
   }
 }
