@@ -224,51 +224,39 @@ HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
   return hn::MulAdd(em1, scale, scale);
 }
 
-// The online-softmax step of NQ queries over a tile of scores s[j][0, tile) whose first n are real
-// (the rest are set to -inf here), tile a multiple of Lanes(dt): folds each query's tile max into
-// its running max m[j], turns s[j] into the weights exp(s - m), adds their sum to the running
-// denominator l[j] and rescales acc[j] [hd] by exp(m_old - m_new). A query with no key visible
-// yet gets weights of zero and keeps m, l and acc. pmax, when given, receives each query's
-// largest weight (the quantized formats scale their integer weights by it).
-// The queries go through each step together: one by one, the reductions' latencies were not
-// hidden, and the fold took 15-24 % of GQA 4 attention at hd64 (KV in L2, AMD EPYC Zen 3).
-template <int NQ, class DT, class D, class SRow, class AccRow>
-HWY_INLINE void SoftmaxFoldTiles(DT dt, D d, SRow* HWY_RESTRICT s, int n, size_t tile, float* m, float* l,
-                                 AccRow* HWY_RESTRICT acc, size_t hd, float* pmax = nullptr) {
+// Each query's running max folded with its largest score of a tile s[j][0, tile) whose first n
+// are real (the rest are set to -inf here), tile a multiple of Lanes(dt): m_new[j] = max(m[j],
+// tile_max[j]).
+template <int NQ, class DT, class SRow>
+HWY_INLINE void TileMaxima(DT dt, SRow* HWY_RESTRICT s, int n, size_t tile, const float* m, float* tile_max,
+                           float* m_new) {
   using VT = hn::Vec<DT>;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const size_t LT = hn::Lanes(dt), L = hn::Lanes(d);
+  const size_t LT = hn::Lanes(dt);
   VT vmax[NQ];
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j) {
-    for (size_t t = static_cast<size_t>(n); t < tile; ++t) s[j][t] = neg_inf;
+    for (size_t t = static_cast<size_t>(n); t < tile; ++t) s[j][t] = -std::numeric_limits<float>::infinity();
     vmax[j] = hn::Load(dt, s[j]);
   }
   for (size_t t = LT; t < tile; t += LT)
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) vmax[j] = hn::Max(vmax[j], hn::Load(dt, s[j] + t));
-  float m_new[NQ];
-  VT vm[NQ], vsum[NQ], vp[NQ];
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j) {
-    m_new[j] = std::max(m[j], hn::GetLane(hn::MaxOfLanes(dt, vmax[j])));
-    vm[j] = hn::Set(dt, m_new[j] == neg_inf ? 0.0f : m_new[j]);  // such a query's weights are reset below
-    vsum[j] = vp[j] = hn::Zero(dt);
+    tile_max[j] = hn::GetLane(hn::MaxOfLanes(dt, vmax[j]));
+    m_new[j] = std::max(m[j], tile_max[j]);
   }
-  for (size_t t = 0; t < tile; t += LT)
-#pragma GCC unroll 8
-    for (int j = 0; j < NQ; ++j) {
-      const auto p = ExpNonPositive(dt, hn::Sub(hn::Load(dt, s[j] + t), vm[j]));  // exp(-inf) = 0
-      hn::Store(p, dt, s[j] + t);
-      vsum[j] = hn::Add(vsum[j], p);
-      if (pmax != nullptr) vp[j] = hn::Max(vp[j], p);
-    }
+}
+
+// The end of an online-softmax step whose weights exp(s - m_new[j]) sum to the lanes of vsum[j]:
+// l[j] = l[j] * exp(m[j] - m_new[j]) + that sum, acc[j] [hd] rescaled alike, m[j] = m_new[j]. A
+// query with no key visible yet (m_new -inf) keeps m, l and acc.
+template <int NQ, class DT, class D, class AccRow>
+HWY_INLINE void FoldDenominators(DT dt, D d, const hn::Vec<DT>* vsum, const float* m_new, float* m, float* l,
+                                 AccRow* HWY_RESTRICT acc, size_t hd) {
+  const size_t L = hn::Lanes(d);
   for (int j = 0; j < NQ; ++j) {
-    if (m_new[j] == neg_inf) {
-      std::fill(s[j], s[j] + tile, 0.0f);
-      if (pmax != nullptr) pmax[j] = 0.0f;
-      continue;
-    }
+    if (m_new[j] == -std::numeric_limits<float>::infinity()) continue;
     const float corr = m[j] == m_new[j] ? 1.0f : std::exp(m[j] - m_new[j]);
     l[j] = l[j] * corr + hn::GetLane(hn::SumOfLanes(dt, vsum[j]));
     if (corr != 1.0f) {
@@ -276,8 +264,40 @@ HWY_INLINE void SoftmaxFoldTiles(DT dt, D d, SRow* HWY_RESTRICT s, int n, size_t
       for (size_t c = 0; c < hd; c += L) hn::Store(hn::Mul(hn::Load(d, acc[j] + c), vc), d, acc[j] + c);
     }
     m[j] = m_new[j];
-    if (pmax != nullptr) pmax[j] = hn::GetLane(hn::MaxOfLanes(dt, vp[j]));
   }
+}
+
+// The online-softmax step of NQ queries over a tile of scores s[j][0, tile) whose first n are real
+// (the rest are set to -inf here), tile a multiple of Lanes(dt): folds each query's tile max into
+// its running max m[j], turns s[j] into the weights exp(s - m), adds their sum to the running
+// denominator l[j] and rescales acc[j] [hd] by exp(m_old - m_new). A query with no key visible
+// yet gets weights of zero and keeps m, l and acc.
+// The queries go through each step together: one by one, the reductions' latencies were not
+// hidden, and the fold took 15-24 % of GQA 4 attention at hd64 (KV in L2, AMD EPYC Zen 3).
+template <int NQ, class DT, class D, class SRow, class AccRow>
+HWY_INLINE void SoftmaxFoldTiles(DT dt, D d, SRow* HWY_RESTRICT s, int n, size_t tile, float* m, float* l,
+                                 AccRow* HWY_RESTRICT acc, size_t hd) {
+  using VT = hn::Vec<DT>;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const size_t LT = hn::Lanes(dt);
+  float tile_max[NQ], m_new[NQ];
+  TileMaxima<NQ>(dt, s, n, tile, m, tile_max, m_new);
+  VT vm[NQ], vsum[NQ];
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j) {
+    vm[j] = hn::Set(dt, m_new[j] == neg_inf ? 0.0f : m_new[j]);  // such a query's weights are reset below
+    vsum[j] = hn::Zero(dt);
+  }
+  for (size_t t = 0; t < tile; t += LT)
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) {
+      const auto p = ExpNonPositive(dt, hn::Sub(hn::Load(dt, s[j] + t), vm[j]));  // exp(-inf) = 0
+      hn::Store(p, dt, s[j] + t);
+      vsum[j] = hn::Add(vsum[j], p);
+    }
+  for (int j = 0; j < NQ; ++j)
+    if (m_new[j] == neg_inf) std::fill(s[j], s[j] + tile, 0.0f);
+  FoldDenominators<NQ>(dt, d, vsum, m_new, m, l, acc, hd);
 }
 
 }  // namespace HWY_NAMESPACE
