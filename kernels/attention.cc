@@ -458,13 +458,17 @@ void AttendHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, si
   }
 }
 
-void SoftmaxExpImpl(const float* x, float* y, size_t n) {
+template <bool kCoarse>
+void SoftmaxExpOf(const float* x, float* y, size_t n) {
   const hn::ScalableTag<float> d;
   const hn::CappedTag<float, 1> d1;
   size_t i = 0;
-  for (; i + hn::Lanes(d) <= n; i += hn::Lanes(d)) hn::StoreU(ExpNonPositive(d, hn::LoadU(d, x + i)), d, y + i);
-  for (; i < n; ++i) hn::StoreU(ExpNonPositive(d1, hn::LoadU(d1, x + i)), d1, y + i);
+  for (; i + hn::Lanes(d) <= n; i += hn::Lanes(d))
+    hn::StoreU(ExpNonPositive<kCoarse>(d, hn::LoadU(d, x + i)), d, y + i);
+  for (; i < n; ++i) hn::StoreU(ExpNonPositive<kCoarse>(d1, hn::LoadU(d1, x + i)), d1, y + i);
 }
+void SoftmaxExpImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<false>(x, y, n); }
+void SoftmaxExpCoarseImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<true>(x, y, n); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace fd::kernels
@@ -476,6 +480,7 @@ namespace fd::kernels {
 HWY_EXPORT(AttendHeadsF16Impl);
 HWY_EXPORT(AttendHeadsImpl);
 HWY_EXPORT(SoftmaxExpImpl);
+HWY_EXPORT(SoftmaxExpCoarseImpl);
 
 namespace {
 
@@ -528,6 +533,7 @@ void attend_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_
 }  // namespace detail
 
 void softmax_exp(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxExpImpl)(x, y, n); }
+void softmax_exp_coarse(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxExpCoarseImpl)(x, y, n); }
 
 void attention_f16(const float* q, int n_q, int q_pos0, const KvBlocksF16& kv, const AttnDims& d,
                    float* out) {

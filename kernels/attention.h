@@ -69,8 +69,11 @@ struct AttnItem {
 void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, ThreadPool& pool);
 void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadPool& pool);
 
-// y[i] = exp(x[i]) for x[i] <= 0, as the kernels' softmax computes its weights (exposed for
+// y[i] = exp(x[i]) for x[i] <= 0, as the fp16 kernel's softmax computes its weights (exposed for
 // tests): within 2 ulp where exp(x) >= FLT_MIN, 0 for x < -87.7 and for -inf.
 void softmax_exp(const float* x, float* y, size_t n);
+// The same to 1.3e-4 relative error, as the quantized formats compute their weights (which they
+// round to at most 8 bits).
+void softmax_exp_coarse(const float* x, float* y, size_t n);
 
 }  // namespace fd::kernels
