@@ -34,12 +34,14 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
+  // Workers poll generation_, busy_ and stop_ for a while before sleeping on the condition
+  // variables, which are signalled under mu_ (thread_pool.cc).
   const std::function<void(size_t)>* fn_ = nullptr;
   size_t n_ = 0;
   std::atomic<size_t> next_{0};
-  uint64_t generation_ = 0;
-  int busy_ = 0;  // workers still inside the current run
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};  // runs started
+  std::atomic<int> busy_{0};             // workers still inside the current run
+  std::atomic<bool> stop_{false};
   std::exception_ptr error_;
 };
 
