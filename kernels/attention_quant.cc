@@ -846,10 +846,11 @@ struct QuantTileState {
 // (RoundWeights) of `groups` scale groups, whose scales of the tile's keys are scale[g][chunk]
 // and their largest smax[g]. A query's largest weight in the tile, exp(tile max - new max), is
 // known before the exponentials, so each weight is rounded as it is computed: rounded in a pass of
-// their own, the stored weights took about 16 % of int4 hd64 GQA 4. The exponentials are the
-// coarse ones (ExpNonPositive<true>, 1.3e-4), far finer than the 8-bit rounding. AMD EPYC (Zen 5), KV in L2
+// their own, the stored weights took about 16 % of int4 hd64 GQA 4. AMD EPYC (Zen 5), KV in L2
 // (ctx 512, batch 2), two copies at once, one core each, cores swapped, 4 pairs: GQA 4 1.02x
-// (q4 hd64) to 1.07x (q4 and q8 hd128) as fast, GQA 1 0.99-1.03x. fetch.Next() once per chunk.
+// (q4 hd64) to 1.07x (q4 and q8 hd128) as fast, GQA 1 0.99-1.03x. The exponentials are the coarse
+// ones (ExpNonPositive<true>, 1.3e-4 relative error), far finer than the 8-bit rounding.
+// fetch.Next() once per chunk.
 template <bool kQ4, int NQ, int C, class DT, class DF, class VS>
 HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (*scale)[C], const float* smax,
                                   size_t hd, QuantTileState<kQ4, NQ>& st, FetchBoth& fetch) {
