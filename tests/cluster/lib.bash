@@ -50,11 +50,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
-# A TCP port on 127.0.0.1 that nothing listens on now.
+# A TCP port on 127.0.0.1 that nothing listens on now, below the kernel's ephemeral range: a port
+# in it may be the local end of some connection, and then listening on it fails (a node's own
+# connections did that to kill9 once: "cannot listen on 127.0.0.1:58222").
 free_port() {
-  local p i
+  local p i lo=32768 hi
+  read -r lo hi < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  ((lo > 11024)) || lo=32768
   for i in $(seq 1 100); do
-    p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    p=$((10000 + (RANDOM * 32768 + RANDOM) % (lo - 10000)))
     if [[ -z $(ss -Htln "sport = :$p" 2>/dev/null) ]] &&
        ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       echo "$p"
