@@ -344,6 +344,19 @@ struct NoFetch {
   HWY_INLINE void Next() {}
 };
 
+// Calls sum(fetch) with the value sums' share of the next visit (phase 2 of `next`, over `slices`
+// calls of Next()) when `fetch`, else with NoFetch, whose calls compile to nothing.
+template <class Sum>
+HWY_INLINE void SumWithFetch(const NextShare& next, bool fetch, size_t slices, const Sum& sum) {
+  if (fetch) {
+    FetchBoth while_summing = next.Phase(2, slices);
+    sum(while_summing);
+  } else {
+    NoFetch none;
+    sum(none);
+  }
+}
+
 // Queries per q4 scoring pass, and key vectors per pass of NP queries: each keeps NP * W integer
 // and as many fp32 sums, within the register file (16 vectors; 32 on AVX-512) and a tile.
 constexpr int kQ4PassQ = 4;
@@ -896,8 +909,14 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
 // buffer, and memory idles through a phase that fetches nothing. q8 with head_dim >= 128, whose
 // value sums are the longest, also fetches while summing: ctx 4096, batch 16, GQA 4 (AMD EPYC
 // Zen 5), two copies at once, one core each, cores swapped: 1.13-1.23x as fast in 4 pairs; 2
-// threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s (batch 64: 30.5 -> 37.4). q4 and
-// hd64 kept the fetch out of the value sums: with it, their pairs read 0.88-1.00x as fast.
+// threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s (batch 64: 30.5 -> 37.4). q8 hd64
+// and VNNI's q4 keep the fetch out of the value sums: with it, their pairs read 0.88-1.00x as fast.
+// q4 without VNNI sums its values with pmaddubsw, several times longer, and fetches then too; with
+// none there, one core's time from memory was its time with KV in cache plus the read's, as if
+// nothing overlapped. AMD EPYC (Zen 3, AVX2), ctx 4096, batch 16, two copies at once, one core
+// each, cores swapped, 8 pairs, geometric means: hd128 GQA 1 1.46x as fast, GQA 4 1.23x, hd64
+// 1.19x and 1.04x; 2 threads, medians of 3 alternating runs, GB/s: hd128 GQA 1 11.1 -> 15.0
+// (batch 64: 11.4 -> 15.9).
 // DK: the key tag (q4: bytes, four per key; q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
@@ -916,7 +935,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const uint8_t* kd = kb + data_off;
   const uint8_t* vd = vb + data_off;
   const bool sealed = !kQ4 && (b + 1) * bt <= static_cast<size_t>(kv.len) && detail::q8_seals_keys(hd);
-  const bool fetch_while_summing = !kQ4 && hd >= 128;
+  const bool fetch_while_summing = kQ4 ? !FD_X86_VNNI : hd >= 128;
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
@@ -985,12 +1004,17 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
 #else
       constexpr int kRun = kTileT / 4;
 #endif
-      for (int k0 = 0; k0 < n_quads; k0 += kRun) {
-        ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
-          AccumulateQuadsQ4<NQ, decltype(width)::value>(df, quads, groups, k0, std::min(n_quads, k0 + kRun), st.vw,
-                                                        u, st.acc);
-        });
-      }
+      const int runs = (n_quads + kRun - 1) / kRun;
+      SumWithFetch(next, fetch_while_summing, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(runs),
+                   [&](auto& fetch) HWY_ATTR {
+                     for (int k0 = 0; k0 < n_quads; k0 += kRun) {
+                       ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
+                         fetch.Next();
+                         AccumulateQuadsQ4<NQ, decltype(width)::value>(
+                             df, quads, groups, k0, std::min(n_quads, k0 + kRun), st.vw, u, st.acc);
+                       });
+                     }
+                   });
     } else {
       constexpr int CQ = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;  // chunks per pass
       const auto* chunks_at = reinterpret_cast<const int8_t*>(vd);
@@ -1004,13 +1028,8 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
           }
         });
       };
-      if (fetch_while_summing) {  // a fetch in the loop, even of nothing, read hd64 GQA 4 11 % slower
-        FetchBoth while_summing = next.Phase(2, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads));
-        sum(while_summing);
-      } else {
-        NoFetch none;
-        sum(none);
-      }
+      // A fetch in the loop, even of nothing, read hd64 GQA 4 11 % slower: hence NoFetch.
+      SumWithFetch(next, fetch_while_summing, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads), sum);
     }
   }
 }
