@@ -909,14 +909,15 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
 // buffer, and memory idles through a phase that fetches nothing. q8 with head_dim >= 128, whose
 // value sums are the longest, also fetches while summing: ctx 4096, batch 16, GQA 4 (AMD EPYC
 // Zen 5), two copies at once, one core each, cores swapped: 1.13-1.23x as fast in 4 pairs; 2
-// threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s (batch 64: 30.5 -> 37.4). q8 hd64
-// and VNNI's q4 keep the fetch out of the value sums: with it, their pairs read 0.88-1.00x as fast.
-// q4 without VNNI sums its values with pmaddubsw, several times longer, and fetches then too; with
-// none there, one core's time from memory was its time with KV in cache plus the read's, as if
-// nothing overlapped. AMD EPYC (Zen 3, AVX2), ctx 4096, batch 16, two copies at once, one core
-// each, cores swapped, 8 pairs, geometric means: hd128 GQA 1 1.46x as fast, GQA 4 1.23x, hd64
-// 1.19x and 1.04x; 2 threads, medians of 3 alternating runs, GB/s: hd128 GQA 1 11.1 -> 15.0
-// (batch 64: 11.4 -> 15.9).
+// threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s (batch 64: 30.5 -> 37.4). With VNNI,
+// q8 hd64 and q4 keep the fetch out of the value sums: with it, their pairs read 0.88-1.00x as fast.
+// Without VNNI every format fetches while summing: its value sums (pmaddubsw) are several times
+// longer, and with no fetch there one core's time from memory was its time with KV in cache plus
+// the read's, as if nothing overlapped. AMD EPYC (Zen 3, AVX2), ctx 4096, batch 16, two copies at
+// once, one core each, cores swapped, geometric means of 8 pairs (q8: 6): q4 hd128 GQA 1 1.46x as
+// fast, GQA 4 1.23x, hd64 1.19x and 1.04x; q8 hd64 GQA 1 1.35x, GQA 4 0.96x. 2 threads, medians
+// of 3 alternating runs, GB/s (batch 16, 64): q4 hd128 GQA 1 11.1 -> 15.0, 11.4 -> 15.9; q8 hd64
+// GQA 1 13.6 -> 17.3, 12.5 -> 15.6, GQA 4 10.7 -> 12.9, 12.0 -> 12.1.
 // DK: the key tag (q4: bytes, four per key; q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
@@ -935,7 +936,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const uint8_t* kd = kb + data_off;
   const uint8_t* vd = vb + data_off;
   const bool sealed = !kQ4 && (b + 1) * bt <= static_cast<size_t>(kv.len) && detail::q8_seals_keys(hd);
-  const bool fetch_while_summing = kQ4 ? !FD_X86_VNNI : hd >= 128;
+  const bool fetch_while_summing = !FD_X86_VNNI || (!kQ4 && hd >= 128);
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
@@ -1028,7 +1029,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
           }
         });
       };
-      // A fetch in the loop, even of nothing, read hd64 GQA 4 11 % slower: hence NoFetch.
+      // With VNNI (AMD EPYC Zen 5), a fetch in the loop, even of nothing, read hd64 GQA 4 11 % slower.
       SumWithFetch(next, fetch_while_summing, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads), sum);
     }
   }
