@@ -1,7 +1,7 @@
 // Decode and prefill attention over the quantized KV formats (layouts in kernels/kv_format.h).
 // Keys are scored with exact integer dot products against a quantized query, and values are
 // summed with integer dot products over four keys against rounded weights, so that a key costs a
-// few integer instructions per 64 bytes on each side.
+// few integer instructions per 64 bytes on each side. Built with -fno-tree-pre (CMakeLists.txt).
 
 // Highway 1.0 builds its AVX3_DL target (AVX-512 with VNNI) only on request; this file alone
 // asks, for VNNI's four-byte dot products. Dispatch is per translation unit.
