@@ -147,6 +147,20 @@ HWY_INLINE __m512i Madd16(__m512i a, __m512i b) { return _mm512_madd_epi16(a, b)
 #define FD_X86_MADD 0
 #endif
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
+// Unsigned saturating packs within 128-bit lanes: int32 to uint16, and int16 to uint8.
+HWY_INLINE __m128i PackWords(__m128i a, __m128i b) { return _mm_packus_epi32(a, b); }
+HWY_INLINE __m128i PackBytes(__m128i a, __m128i b) { return _mm_packus_epi16(a, b); }
+#if HWY_TARGET <= HWY_AVX2
+HWY_INLINE __m256i PackWords(__m256i a, __m256i b) { return _mm256_packus_epi32(a, b); }
+HWY_INLINE __m256i PackBytes(__m256i a, __m256i b) { return _mm256_packus_epi16(a, b); }
+#endif
+#if HWY_TARGET <= HWY_AVX3
+HWY_INLINE __m512i PackWords(__m512i a, __m512i b) { return _mm512_packus_epi32(a, b); }
+HWY_INLINE __m512i PackBytes(__m512i a, __m512i b) { return _mm512_packus_epi16(a, b); }
+#endif
+#endif
+
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL
 // int32 lane i of acc += sum over k < 4 of a[4i+k] * b[4i+k], bytes a unsigned, b signed:
 // AVX512_VNNI's vpdpbusd, which Highway's runtime check for AVX3_DL requires of the CPU. In
@@ -697,48 +711,63 @@ HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const float* scales, size
 
 constexpr int kMaxGroups = kMaxHeadDim / 32;  // q4 scale groups per row
 
-// A tile's value weights for one query and scale group (see kernels/kv_format.h): w[t] =
-// probability * scale ~ u[t] * factor with u[t] in [0, levels], levels kWeightLevels.
+// A tile's value weights for NQ queries and the scale groups (see kernels/kv_format.h): w[t] =
+// probability * scale ~ u * factor[j][g] with u in [0, levels], levels kWeightLevels. The words of
+// rows 4k..4k+3 (quad k) of queries 4s..4s+3 lie side by side, u[g][s][k][j - 4s], as packing four
+// vectors of ints within 128-bit lanes leaves them (StoreQuadWords).
 template <bool kQ4>
 constexpr float kWeightLevels = kQ4 ? 255.0f : 127.0f;  // q8: DotQuads<true>'s bound
-struct ValueWeights {
-  HWY_ALIGN uint8_t u[kTileT];  // those of rows 4k..4k+3 form quad word k
-  float factor = 0.0f;
+template <int NQ>
+struct TileWeights {
+  static constexpr int kSets = (NQ + 3) / 4;  // sets of four queries; the last padded with zeros
+  HWY_ALIGN uint8_t u[kMaxGroups][kSets][kTileT / 4][4][4];
+  float factor[NQ][kMaxGroups];
 };
 
-// Rounds the weights w (lanes [t, t + Lanes(dt)) of the tile, all >= 0, w * inv <= levels up to
-// rounding) into vw.u; round to nearest by adding 2^23, whose fp32 ulp is 1.
+// The weights w (all >= 0, w * inv <= levels up to rounding) as integers in [0, levels]; rounds
+// to nearest by adding 2^23, whose fp32 ulp is 1.
 template <class DT>
-HWY_INLINE void RoundWeights(DT dt, hn::Vec<DT> w, float inv, size_t t, ValueWeights& vw) {
+HWY_INLINE hn::Vec<hn::RebindToSigned<DT>> RoundWeights(DT dt, hn::Vec<DT> w, float inv) {
   const hn::RebindToSigned<DT> di;
-  const hn::Rebind<uint8_t, DT> du8;
   const auto r = hn::MulAdd(w, hn::Set(dt, inv), hn::Set(dt, 8388608.0f));
-  const auto k = hn::Sub(hn::BitCast(di, r), hn::Set(di, 0x4B000000));  // the integers, in [0, levels]
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  // One vpmovdb instead of DemoteTo's four instructions. (Highway 1.0.3's TruncateTo, which
-  // would do the same, picks the wrong lanes on AVX3_DL.)
-  if constexpr (hn::MaxLanes(DT()) == 16) {
-    hn::StoreU(hn::Vec128<uint8_t>{_mm512_cvtepi32_epi8(k.raw)}, du8, vw.u + t);
-    return;
-  }
-#endif
-  hn::StoreU(hn::DemoteTo(du8, k), du8, vw.u + t);
+  return hn::Sub(hn::BitCast(di, r), hn::Set(di, 0x4B000000));
 }
 
-template <class D32>
-HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const ValueWeights& vw, int quad) {
+// Stores the rounded weights k[0..3] of four queries (int32 lanes in [0, 255]) for Lanes(di) rows
+// as Lanes(di) / 4 quads of words [quad][query][4] at `out`. On x86, two packing steps within
+// 128-bit lanes put them so: 3 instructions and one store for the four queries, where demoting
+// each query's vector alone took 4 and a store of its own (AMD EPYC Zen 3, AVX2).
+template <class DI>
+HWY_INLINE void StoreQuadWords(DI di, const hn::Vec<DI>* k, uint8_t* out) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
+  const hn::Repartition<uint8_t, DI> du8;
+  (void)di;
+  const auto packed = PackBytes(PackWords(k[0].raw, k[1].raw), PackWords(k[2].raw, k[3].raw));
+  hn::StoreU(hn::Vec<decltype(du8)>{packed}, du8, out);
+#else
+  const hn::Rebind<uint8_t, DI> dn;
+  constexpr size_t kMax = hn::MaxLanes(DI());
+  HWY_ALIGN uint8_t rows[4][kMax];
+  for (int j = 0; j < 4; ++j) hn::StoreU(hn::DemoteTo(dn, k[j]), dn, rows[j]);
+  for (size_t q = 0; q < hn::Lanes(di) / 4; ++q)
+    for (int j = 0; j < 4; ++j) std::memcpy(out + (4 * q + static_cast<size_t>(j)) * 4, rows[j] + 4 * q, 4);
+#endif
+}
+
+template <class D32, int NQ>
+HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const TileWeights<NQ>& w, int j, size_t g, int quad) {
   int32_t word;
-  std::memcpy(&word, vw.u + 4 * quad, sizeof word);
+  std::memcpy(&word, w.u[g][j / 4][quad][j % 4], sizeof word);
   return hn::Set(d32, word);
 }
 
 // acc[j][c0, c0 + CU * L) += factor_j * (sum over the tile's quads of weights . values): the
-// quads [kq0, kq0 + n_quads) of q8 value chunks at vd (kv_format.h), weights vw[j][0] per query.
+// quads [kq0, kq0 + n_quads) of q8 value chunks at vd (kv_format.h), weights w (group 0).
 // kWhole: every chunk is kQ8ValueChunk elements wide (then one offset serves all vectors).
 // fetch.Next() before every quad.
 template <int NQ, int CU, bool kWhole, class DF, class Fetch>
 HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt, size_t kq0, int n_quads,
-                                  const ValueWeights (*vw)[kMaxGroups], size_t c0, float (*acc)[kMaxHeadDim],
+                                  const TileWeights<NQ>& tw, size_t c0, float (*acc)[kMaxHeadDim],
                                   Fetch& fetch) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<int8_t, decltype(d32)> d8;
@@ -767,14 +796,14 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt,
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
-      const VI w = QuadWeights(d32, vw[j][0], k);
+      const VI w = QuadWeights(d32, tw, j, 0, k);
 #pragma GCC unroll 8
       for (int u = 0; u < CU; ++u) a[u][j] = DotQuads<true>(d32, a[u][j], w, v[u]);
     }
   }
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j) {
-    const auto f = hn::Set(df, vw[j][0].factor);
+    const auto f = hn::Set(df, tw.factor[j][0]);
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) {
       float* out = acc[j] + c0 + u * L;
@@ -788,11 +817,11 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt,
 constexpr int kQ4Int16Quads = 8;
 
 // The same for the quads [k0, k1) of q4 value quads [n_quads][groups][16][4] bytes (nibbles taken
-// as nibble - 8), one ValueWeights per query and group. A unit is 4L bytes of one group: its low
+// as nibble - 8), weights per query and group. A unit is 4L bytes of one group: its low
 // nibbles are elements [32g + j0, + L), its high nibbles [32g + 16 + j0, + L).
 template <int NQ, int CU, class DF>
 HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, int k0, int k1,
-                                  const ValueWeights (*vw)[kMaxGroups], size_t u0, float (*acc)[kMaxHeadDim]) {
+                                  const TileWeights<NQ>& tw, size_t u0, float (*acc)[kMaxHeadDim]) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<uint8_t, decltype(d32)> d8;
   const hn::Repartition<uint16_t, decltype(d32)> du16;
@@ -838,7 +867,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
     for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 8
       for (int u = 0; u < CU; ++u) {
-        const VI w = QuadWeights(d32, vw[j][g[u]], k);
+        const VI w = QuadWeights(d32, tw, j, g[u], k);
 #if FD_Q4_INT16_SUMS
         a[u][0][j] = hn::Add(a[u][0][j], MulPairs(d8, hn::BitCast(d8, w), hn::BitCast(di8, lo[u])));
         a[u][1][j] = hn::Add(a[u][1][j], MulPairs(d8, hn::BitCast(d8, w), hn::BitCast(di8, hi[u])));
@@ -852,7 +881,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
   for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) {
-      const auto f = hn::Set(df, vw[j][g[u]].factor);
+      const auto f = hn::Set(df, tw.factor[j][g[u]]);
       for (int h = 0; h < 2; ++h) {
         float* out = acc[j] + g[u] * 32 + at[u] + 16 * h;
 #if FD_Q4_INT16_SUMS
@@ -871,7 +900,6 @@ struct QuantTileState {
   QuantQuery qq[NQ];
   HWY_ALIGN float acc[NQ][kMaxHeadDim];  // unnormalised outputs
   HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current key tile
-  ValueWeights vw[NQ][kMaxGroups];       // value weights [j][group] (q8: group 0)
   float m[NQ], l[NQ];
   int max_limit = 0;    // keys [0, max_limit) are visible to some query of the tile
   int min_limit = 0;    // ... and [0, min_limit) to all of them
@@ -879,7 +907,7 @@ struct QuantTileState {
 };
 
 // The online-softmax step of SoftmaxFoldTiles (kernels/attention-inl.h) over the tile's scores
-// st.s [NQ][kTileT] (the first n real), fused with the rounding of the value weights vw[j][g]
+// st.s [NQ][kTileT] (the first n real), fused with the rounding of the value weights tw
 // (RoundWeights) of `groups` scale groups, whose scales of the tile's keys are scale[g][chunk]
 // and their largest smax[g]. A query's largest weight in the tile, exp(tile max - new max), is
 // known before the exponentials, so each weight is rounded as it is computed: rounded in a pass of
@@ -890,8 +918,9 @@ struct QuantTileState {
 // fetch.Next() once per chunk.
 template <bool kQ4, int NQ, int C, class DT, class DF, class VS>
 HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (*scale)[C], const float* smax,
-                                  size_t hd, QuantTileState<kQ4, NQ>& st, FetchBoth& fetch) {
+                                  size_t hd, QuantTileState<kQ4, NQ>& st, TileWeights<NQ>& tw, FetchBoth& fetch) {
   using VT = hn::Vec<DT>;
+  const hn::RebindToSigned<DT> di;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const size_t LT = hn::Lanes(dt);
   float tile_max[NQ], m_new[NQ], inv[NQ][kMaxGroups];
@@ -905,7 +934,7 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
     const float pmax = m_new[j] == neg_inf ? 0.0f : hn::GetLane(ExpNonPositive<true>(dt, hn::Sub(hn::Set(dt, tile_max[j]), vm[j])));
     for (size_t g = 0; g < groups; ++g) {
       const float bound = pmax * smax[g];
-      st.vw[j][g].factor = bound / kWeightLevels<kQ4>;
+      tw.factor[j][g] = bound / kWeightLevels<kQ4>;
       inv[j][g] = bound > 0.0f ? kWeightLevels<kQ4> / bound : 0.0f;  // 0 for a NaN scale's group
     }
   }
@@ -919,8 +948,16 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
       vsum[j] = hn::Add(vsum[j], p[j]);
     }
     for (size_t g = 0; g < groups; ++g)
-#pragma GCC unroll 8
-      for (int j = 0; j < NQ; ++j) RoundWeights(dt, hn::Mul(p[j], scale[g][c]), inv[j][g], t, st.vw[j][g]);
+#pragma GCC unroll 2
+      for (int set = 0; set < TileWeights<NQ>::kSets; ++set) {
+        hn::Vec<decltype(di)> k[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const int j = std::min(4 * set + i, NQ - 1);
+          k[i] = 4 * set + i < NQ ? RoundWeights(dt, hn::Mul(p[j], scale[g][c]), inv[j][g]) : hn::Zero(di);
+        }
+        StoreQuadWords(di, k, tw.u[g][set][t / 4][0]);
+      }
   }
   FoldDenominators<NQ>(dt, df, vsum, m_new, st.m, st.l, st.acc, hd);
 }
@@ -961,6 +998,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const uint8_t* vd = vb + data_off;
   const bool sealed = !kQ4 && (b + 1) * bt <= static_cast<size_t>(kv.len) && detail::q8_seals_keys(hd);
   const bool fetch_while_summing = !FD_X86_VNNI || (!kQ4 && hd >= 128);
+  TileWeights<NQ> tw;  // the current tile's value weights
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
@@ -1012,7 +1050,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       smax[g] = hn::AllFalse(dt, nan) ? hn::GetLane(hn::MaxOfLanes(dt, vmax)) : std::numeric_limits<float>::quiet_NaN();
     }
     FetchBoth while_rounding = next.Phase(1, chunks);
-    FoldTileToWeights<kQ4, NQ, chunks>(dt, df, n, kQ4 ? groups : 1, scale, smax, hd, st, while_rounding);
+    FoldTileToWeights<kQ4, NQ, chunks>(dt, df, n, kQ4 ? groups : 1, scale, smax, hd, st, tw, while_rounding);
     const int n_quads = (n + 3) / 4;
     if constexpr (kQ4) {
       // Units per pass; a pass keeps 2 * CQ * NQ sums. Three or four queries: at CQ 2 as many as
@@ -1036,7 +1074,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
                        ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
                          fetch.Next();
                          AccumulateQuadsQ4<NQ, decltype(width)::value>(
-                             df, quads, groups, k0, std::min(n_quads, k0 + kRun), st.vw, u, st.acc);
+                             df, quads, groups, k0, std::min(n_quads, k0 + kRun), tw, u, st.acc);
                        });
                      }
                    });
@@ -1047,9 +1085,9 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         ForEachPass<CQ, 2>(hd, L, [&](size_t c, auto width) {
           constexpr int CU = decltype(width)::value;
           if (hd % kQ8ValueChunk == 0) {
-            AccumulateQuadsQ8<NQ, CU, true>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc, fetch);
+            AccumulateQuadsQ8<NQ, CU, true>(df, chunks_at, hd, bt, tb / 4, n_quads, tw, c, st.acc, fetch);
           } else {
-            AccumulateQuadsQ8<NQ, CU, false>(df, chunks_at, hd, bt, tb / 4, n_quads, st.vw, c, st.acc, fetch);
+            AccumulateQuadsQ8<NQ, CU, false>(df, chunks_at, hd, bt, tb / 4, n_quads, tw, c, st.acc, fetch);
           }
         });
       };
