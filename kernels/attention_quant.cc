@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention_tile.h"
@@ -242,13 +243,17 @@ HWY_INLINE hn::Vec<D32> DotQuads(D32 d32, hn::Vec<D32> acc, hn::Vec<D32> w, hn::
 }
 
 // A query vector as the format scores it: scaled by 1/sqrt(head_dim), rounded to integers with
-// one scale per vector (qscale = max|q| / levels).
-struct QuantQuery {
+// one scale per vector (qscale = max|q| / levels). One type per format, so that a tile's queries
+// hold only what their format reads (a group of tiles keeps up to kMaxGroupQ of them).
+struct QuantQueryQ8 {
   float qscale;
-  HWY_ALIGN int16_t q16[kMaxHeadDim];     // q8: the integers in element order
-  HWY_ALIGN int8_t lo[kMaxHeadDim / 2];   // q4: byte j of group g: element 32g + j ...
-  HWY_ALIGN int8_t hi[kMaxHeadDim / 2];   // ... and element 32g + 16 + j, matching the nibbles
-  int32_t group_init[kMaxHeadDim / 32];   // q4: -8 * (sum of group g), for the nibbles' offset
+  HWY_ALIGN int16_t q16[kMaxHeadDim];  // the integers in element order
+};
+struct QuantQueryQ4 {
+  float qscale;
+  HWY_ALIGN int8_t lo[kMaxHeadDim / 2];  // byte j of group g: element 32g + j ...
+  HWY_ALIGN int8_t hi[kMaxHeadDim / 2];  // ... and element 32g + 16 + j, matching the nibbles
+  int32_t group_init[kMaxHeadDim / 32];  // -8 * (sum of group g), for the nibbles' offset
 #if FD_Q4_INT16_SUMS
   // q4 without VNNI: the words of lo and hi that scoring step s reads (4 bytes each from 4s),
   // [s][0] and [s][1], each repeated over a vector, so that pmaddubsw takes them from memory.
@@ -256,10 +261,12 @@ struct QuantQuery {
   // Zen 3: 7.0 -> 5.7 cycles a step). AMD EPYC (Zen 3, AVX2), ctx 4096, one core, KV in cache, 30
   // adjacent pairs: GQA 4 1.06x (hd64) and 1.08x (hd128) as fast, GQA 8 1.09x and 1.03x, GQA 1
   // 1.00x and 0.99x.
-  static constexpr size_t kWordRow = HWY_TARGET <= HWY_AVX3 ? 64 : 32;  // bytes, a vector
+  static constexpr size_t kWordRow = HWY_MAX_BYTES;  // a vector
   HWY_ALIGN int8_t words[kMaxHeadDim / 8][2][kWordRow];
 #endif
 };
+template <bool kQ4>
+using QuantQuery = std::conditional_t<kQ4, QuantQueryQ4, QuantQueryQ8>;
 
 // QuantizeQueryInts in vectors when Lanes(df) divides hd (the same integers and scale: the
 // products and maxima are exact alike, and NearestInt rounds to nearest even as nearbyint does).
@@ -288,7 +295,7 @@ HWY_INLINE float QuantizeQueryIntsVec(DF df, const float* q, size_t hd, float le
 }
 
 template <bool kQ4>
-void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
+void QuantizeQuery(const float* q, size_t hd, QuantQuery<kQ4>& qq) {
   int32_t qi[kMaxHeadDim];
   qq.qscale = QuantizeQueryIntsVec(hn::CappedTag<float, 16>(), q, hd, kQ4 ? kQ4Levels : kQ8Levels, qi);
   if constexpr (kQ4) {
@@ -303,7 +310,7 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery& qq) {
     }
 #if FD_Q4_INT16_SUMS
     for (size_t step = 0; step < hd / 8; ++step)
-      for (size_t b = 0; b < QuantQuery::kWordRow; b += 4) {
+      for (size_t b = 0; b < QuantQueryQ4::kWordRow; b += 4) {
         std::memcpy(qq.words[step][0] + b, qq.lo + 4 * step, 4);
         std::memcpy(qq.words[step][1] + b, qq.hi + 4 * step, 4);
       }
@@ -402,7 +409,7 @@ constexpr int Q4KeyVectors() {
 // products sums into one key: no horizontal sums. fetch.Next() once per scale group.
 template <int NP, int W, class D8, class Fetch>
 HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t key, size_t hd,
-                                  const QuantQuery* qq, float (*s)[kTileT], size_t col, Fetch& fetch) {
+                                  const QuantQueryQ4* qq, float (*s)[kTileT], size_t col, Fetch& fetch) {
   const hn::RebindToSigned<D8> di8;
   const hn::Repartition<int32_t, D8> d32;
   const hn::Repartition<float, D8> df;
@@ -504,7 +511,7 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
 // the old row-major q4 loop spilled them).
 template <int NQ, class D8>
 HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t tb, size_t n, size_t hd,
-                              const QuantQuery* qq, float (*s)[kTileT], const NextShare& next) {
+                              const QuantQueryQ4* qq, float (*s)[kTileT], const NextShare& next) {
   const hn::Repartition<int32_t, D8> d32;
   // Passes over the tile's key vectors for NP queries; every q4 key lies in a whole key group (a
   // block is padded to them).
@@ -536,7 +543,7 @@ HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales
 // passes of two read hd64 and hd128 GQA 4 11 % faster, KV in L2 on AMD EPYC Zen 3).
 template <int NQ, class DK>
 HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* rows,
-                            const float* scales, const QuantQuery* qq, float (*s)[kTileT], size_t col) {
+                            const float* scales, const QuantQueryQ8* qq, float (*s)[kTileT], size_t col) {
   constexpr int kPassQ = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
   if constexpr (NQ > kPassQ) {
     ScoreQuadQ8<kPassQ>(dk, data, hd, rows, scales, qq, s, col);
@@ -605,7 +612,7 @@ HWY_INLINE hn::Vec<D32> AddPairProducts(D32 d32, hn::Vec<D32> acc, V16 a, V16 b)
 // `cadence` pairs of dimensions.
 template <int NP, int W, class DK, class Fetch>
 HWY_INLINE void ScoreSealedPassQ8(DK dk, const int8_t* kt, size_t stride, const float* sc, size_t hd,
-                                  const QuantQuery* qq, float (*s)[kTileT], size_t col, size_t cadence,
+                                  const QuantQueryQ8* qq, float (*s)[kTileT], size_t col, size_t cadence,
                                   Fetch& fetch) {
   const hn::Rebind<int8_t, DK> d8;
   const hn::Repartition<int32_t, DK> d32;
@@ -663,7 +670,7 @@ constexpr int SealedVectors() {
 // ScoreSealedQ8 for the queries qq [NQ], in passes of kSealedPassQ.
 template <int NQ, class DK, class Fetch>
 HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scales, size_t tb, size_t n, size_t bt,
-                                     size_t hd, const QuantQuery* qq, float (*s)[kTileT], size_t cadence,
+                                     size_t hd, const QuantQueryQ8* qq, float (*s)[kTileT], size_t cadence,
                                      Fetch& fetch) {
   if constexpr (NQ > kSealedPassQ) {
     ScoreSealedQueriesQ8<kSealedPassQ>(dk, kd, scales, tb, n, bt, hd, qq, s, cadence, fetch);
@@ -697,7 +704,7 @@ HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scale
 // quarter tile, GQA 1 read slower from memory).
 template <int NQ, class DK>
 HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const float* scales, size_t tb, size_t n, size_t bt,
-                              size_t hd, const QuantQuery* qq, float (*s)[kTileT], const NextShare& next) {
+                              size_t hd, const QuantQueryQ8* qq, float (*s)[kTileT], const NextShare& next) {
   constexpr size_t kSteps = 16;
   constexpr int NP = NQ < kSealedPassQ ? NQ : kSealedPassQ;
   const size_t TV = hn::Lanes(dk) / 2;
@@ -897,7 +904,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
 // One query tile's running state over its keys (the quantized counterpart of attention.cc's).
 template <bool kQ4, int NQ>
 struct QuantTileState {
-  QuantQuery qq[NQ];
+  QuantQuery<kQ4> qq[NQ];
   HWY_ALIGN float acc[NQ][kMaxHeadDim];  // unnormalised outputs
   HWY_ALIGN float s[NQ][kTileT];         // scores, then probabilities, of the current key tile
   float m[NQ], l[NQ];
