@@ -771,7 +771,7 @@ HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const TileWeights<NQ>& w, int j, si
 }
 
 // acc[j][c0, c0 + CU * L) += factor_j * (sum over the tile's quads of weights . values): the
-// quads [kq0, kq0 + n_quads) of q8 value chunks at vd (kv_format.h), weights w (group 0).
+// quads [kq0, kq0 + n_quads) of q8 value chunks at vd (kv_format.h), weights tw (group 0).
 // kWhole: every chunk is kQ8ValueChunk elements wide (then one offset serves all vectors).
 // fetch.Next() before every quad.
 template <int NQ, int CU, bool kWhole, class DF, class Fetch>
@@ -826,7 +826,7 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt,
 constexpr int kQ4Int16Quads = 8;
 
 // The same for the quads [k0, k1) of q4 value quads [n_quads][groups][16][4] bytes (nibbles taken
-// as nibble - 8), weights per query and group. A unit is 4L bytes of one group: its low
+// as nibble - 8), weights tw per query and group. A unit is 4L bytes of one group: its low
 // nibbles are elements [32g + j0, + L), its high nibbles [32g + 16 + j0, + L).
 template <int NQ, int CU, class DF>
 HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, int k0, int k1,
