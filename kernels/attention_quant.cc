@@ -763,10 +763,11 @@ HWY_INLINE void StoreQuadWords(DI di, const hn::Vec<DI>* k, uint8_t* out) {
 #endif
 }
 
+// Query j's four weights of quad `quad` in group g (one int32 word), in every lane.
 template <class D32, int NQ>
-HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const TileWeights<NQ>& w, int j, size_t g, int quad) {
+HWY_INLINE hn::Vec<D32> QuadWeights(D32 d32, const TileWeights<NQ>& tw, int j, size_t g, int quad) {
   int32_t word;
-  std::memcpy(&word, w.u[g][j / 4][quad][j % 4], sizeof word);
+  std::memcpy(&word, tw.u[g][j / 4][quad][j % 4], sizeof word);
   return hn::Set(d32, word);
 }
 
