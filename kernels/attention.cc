@@ -50,6 +50,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 // GQA 4, and on AMD EPYC (Zen 5) prefetchnta was mixed there (GQA 1 +1-6 %, GQA 4 -4 to -13 %).
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
 
+// K and V bytes fetched ahead of the visit being read. AMD EPYC (Zen 3), 2 threads, from memory,
+// A/B in one process (40-60 alternating passes, median time ratios), two visits ahead against
+// one: hd64 GQA 4 read 1.02-1.08x as fast (8 sets, ctx 512/4096, batch 16/64), GQA 1 and 2
+// 0.94-1.03x (10 sets, 7 of them at 0.99-1.03), GQA 8 0.99x; hd128 (whose visits are twice as
+// long) 0.99-1.03x at GQA 4, and three ahead no better than two.
+constexpr size_t kFetchAheadBytes = size_t(32) << 10;
+
 // prefetchnta on AMD, prefetcht1 elsewhere. fastdecode-bench attention --head-dim 128 --kv-dtype
 // f16 --ctx 512,4096 --batch 16,64, 2 alternating runs, GB/s:
 // - AMD EPYC (Zen 5), 2 threads: prefetchnta read GQA 1 8-13 % faster than prefetcht1
@@ -386,7 +393,10 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
     BeginTile(tiles[i], kv_heads[i], head_bytes, hd, st[i]);
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
-  for_each_block_visit(blocks, n_tiles, 1, [&](int i, size_t b, int ai, size_t ab) {
+  // Visits ahead whose rows are fetched: about kFetchAheadBytes of K and V, so two for hd64 at
+  // 64-token blocks and one for hd128.
+  const int lookahead = static_cast<int>(std::max<size_t>(1, kFetchAheadBytes / (2 * head_bytes)));
+  for_each_block_visit(blocks, n_tiles, lookahead, [&](int i, size_t b, int ai, size_t ab) {
     // Fetched for every tile, also for one query per kv head, which computes so little per
     // byte that its speed is how well the reads are prefetched. On AMD EPYC (Zen 3), 2 threads,
     // ctx 512-4096, batch 16-64, A/B medians of 3: GQA 1 read 0.73-1.03 of the stream bandwidth
