@@ -395,8 +395,7 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
   }
   // Visits ahead whose rows are fetched: about kFetchAheadBytes of K and V, so two for hd64 at
   // 64-token blocks and one for hd128.
-  const int lookahead = static_cast<int>(std::max<size_t>(1, kFetchAheadBytes / (2 * head_bytes)));
-  for_each_block_visit(blocks, n_tiles, lookahead, [&](int i, size_t b, int ai, size_t ab) {
+  for_each_block_visit(blocks, n_tiles, visits_ahead(kFetchAheadBytes, head_bytes), [&](int i, size_t b, int ai, size_t ab) {
     // Fetched for every tile, also for one query per kv head, which computes so little per
     // byte that its speed is how well the reads are prefetched. On AMD EPYC (Zen 3), 2 threads,
     // ctx 512-4096, batch 16-64, A/B medians of 3: GQA 1 read 0.73-1.03 of the stream bandwidth

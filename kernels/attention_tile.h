@@ -1,6 +1,7 @@
 // Query tiles of the attention kernels (kernels/attention.cc, kernels/attention_quant.cc): the
 // query vectors that read one kv head's keys together, in one pass.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 
 #include "kernels/attention.h"
@@ -66,6 +67,12 @@ void for_each_tile_group(const float* q, int n_q, int q_pos0, const AttnDims& di
     heads[n++] = kvh;
   });
   if (n > 0) run(tiles, heads, n);
+}
+
+// Visits of for_each_block_visit to fetch ahead so that about ahead_bytes of K and V are in
+// flight, for kv head blocks of head_bytes each (at least one).
+inline int visits_ahead(size_t ahead_bytes, size_t head_bytes) {
+  return static_cast<int>(std::max<size_t>(1, ahead_bytes / (2 * head_bytes)));
 }
 
 // The block-major order in which a group of tiles reads its blocks: for each block, every tile
