@@ -67,8 +67,9 @@ struct FetchSplit {
 // about a sixth of GQA 4's time. AMD EPYC (Zen 3), 2 threads, from memory, A/B in one process (40
 // alternating passes over 4 layers, median time ratios) against {10, 0}: hd64 GQA 4 ctx 4096
 // batch 16 1.12x as fast (other splits with K 5-8 and V 0-3 1.01-1.11x, V 4 1.02x), batch 64
-// 1.10x, ctx 512 batch 64 1.10x, GQA 1 1.09x, GQA 2 1.08x; hd128 GQA 4 1.05x, GQA 1 1.03x.
-// GQA 8 read 0.97x as fast, so tiles of more queries keep {10, 0}.
+// 1.10x, ctx 512 batch 64 1.10x, GQA 1 1.09x, GQA 2 1.08x; hd128 (fetched with prefetchnta then,
+// see WideHeadFetch) GQA 4 0.98-1.05x in 6 sets, GQA 1 1.03-1.05x. GQA 8 read 0.97x as fast, so
+// tiles of more queries keep {10, 0}.
 constexpr FetchSplit kFetchWhileFolding = {7, 3};
 constexpr FetchSplit kFetchOutsideFold = {10, 0};
 
@@ -79,8 +80,14 @@ constexpr FetchSplit kFetchOutsideFold = {10, 0};
 // - Intel Xeon (Emerald Rapids, 16 cores), 16 threads: prefetchnta read 2.5 times slower than
 //   prefetcht1 (GQA 1 88-107 -> 39-43, GQA 4 81-100 -> 37-40; prefetcht0 86-100 and 76-94), and
 //   8 threads alike (52-73 -> 22-32).
-HWY_INLINE FetchTo WideHeadFetch() {
-  return __builtin_cpu_is("amd") ? FetchTo::kNonTemporal : FetchTo::kL2;
+// Tiles of several queries on AMD fetch into L1 after all, since the fetch split above: AMD EPYC
+// (Zen 3), 2 threads, from memory, each build A/B in one process against the same base (40
+// passes, median time ratios), prefetcht0 read hd128 GQA 4 ctx 4096 batch 16 1.07-1.08x as fast
+// as prefetchnta (two sets), batch 64 1.07x, ctx 512 batch 64 1.04x, and GQA 1 1.00x and 0.99x,
+// so one query keeps prefetchnta (Zen 5 not measured since).
+HWY_INLINE FetchTo WideHeadFetch(int nq) {
+  if (!__builtin_cpu_is("amd")) return FetchTo::kL2;
+  return nq == 1 ? FetchTo::kNonTemporal : FetchTo::kL1;
 }
 
 // Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's key or
@@ -329,7 +336,7 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
     st.min_limit = j == 0 ? tile.limit[j] : std::min(st.min_limit, tile.limit[j]);
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
-  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? WideHeadFetch() : FetchTo::kL1;
+  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? WideHeadFetch(NQ) : FetchTo::kL1;
 }
 
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
