@@ -118,6 +118,22 @@ class PacedPrefetch {
   FetchTo to_;
 };
 
+// The next visit's K and V fetched together, each over the same `slices` calls of Next(), paced
+// by one phase of a tile.
+struct FetchBoth {
+  PacedPrefetch k, v;
+  HWY_INLINE void Next() {
+    k.Next();
+    v.Next();
+  }
+};
+
+// The byte offset `tenths` tenths of the way from begin to end, down to a cache line (end itself
+// for 10): where a tile's phases cut their share [begin, end) of the next visit's rows.
+HWY_INLINE size_t CutTenths(size_t begin, size_t end, size_t tenths) {
+  return tenths >= 10 ? end : (begin + (end - begin) * tenths / 10) / 64 * 64;
+}
+
 // Walks [0, n) in passes: of Wide steps of `step` while they fit, then (when Wide > Mid) of Mid,
 // then single steps, calling pass(at, std::integral_constant<int, width>) for each. The value
 // kernels accumulate a row this way; a first walk with a counting pass paces their prefetch.

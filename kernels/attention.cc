@@ -367,10 +367,8 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     const size_t rows_begin = tb * row_bytes, rows_end = (tb + static_cast<size_t>(n)) * row_bytes;
     // The next visit's rows [rows_begin, rows_end) of K and of V, cut between the tile's phases.
     constexpr FetchSplit split = NQ <= 4 ? kFetchWhileFolding : kFetchOutsideFold;
-    const auto cut = [&](size_t tenths) {
-      return tenths >= 10 ? rows_end : (rows_begin + (rows_end - rows_begin) * tenths / 10) / 64 * 64;
-    };
-    const size_t k_cut = cut(split.key_tenths_scoring), v_cut = cut(split.value_tenths_folding);
+    const size_t k_cut = CutTenths(rows_begin, rows_end, split.key_tenths_scoring);
+    const size_t v_cut = CutTenths(rows_begin, rows_end, split.value_tenths_folding);
     if (sealed) {
       PacedPrefetch next_keys(kn, rows_begin, k_cut, ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd),
                               st.fetch_to);
@@ -383,14 +381,8 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     // Only the lanes that hold the tile's n keys: a short context or a block's last keys do not
     // pay for the exponentials of a whole tile.
     const size_t LT = hn::Lanes(dt), used = (static_cast<size_t>(n) + LT - 1) / LT * LT;
-    struct {
-      PacedPrefetch k, v;
-      HWY_INLINE void Next() {
-        k.Next();
-        v.Next();
-      }
-    } while_folding{PacedPrefetch(kn, k_cut, rows_end, used / LT, st.fetch_to),
-                    PacedPrefetch(vn, rows_begin, v_cut, used / LT, st.fetch_to)};
+    FetchBoth while_folding{PacedPrefetch(kn, k_cut, rows_end, used / LT, st.fetch_to),
+                            PacedPrefetch(vn, rows_begin, v_cut, used / LT, st.fetch_to)};
     SoftmaxFoldTiles<NQ>(dt, d, st.s, n, used, st.m, st.l, st.acc, hd, while_folding);
     // Paced every kFetchRows rows of each pass. With one slice per pass, up to 32 lines left at
     // once, and the loads stalled behind them. AMD EPYC (Zen 3), 2 threads, ctx 512/4096 x batch

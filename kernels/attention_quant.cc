@@ -320,16 +320,6 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery<kQ4>& qq) {
   }
 }
 
-// The next visit's K and V fetched together over `slices` calls of Next(), paced by one phase of a
-// tile.
-struct FetchBoth {
-  PacedPrefetch k, v;
-  HWY_INLINE void Next() {
-    k.Next();
-    v.Next();
-  }
-};
-
 // Tenths of a tile's share of the next visit's K and V fetched while its keys are scored and while
 // its weights are rounded; the rest is fetched while its values are summed (see AttendBlockQuant).
 struct FetchTenths {
@@ -362,7 +352,7 @@ constexpr FetchTenths SplitOfFetch(bool fetch_while_summing) {
 struct NextShare {
   NextShare(const uint8_t* k_next, const uint8_t* v_next, size_t begin, size_t end, const FetchTenths& tenths)
       : kn(k_next), vn(v_next) {
-    const auto cut = [&](size_t t) { return t >= 10 ? end : std::min(end, (begin + (end - begin) * t / 10) / 64 * 64); };
+    const auto cut = [&](size_t t) { return CutTenths(begin, end, t); };
     k[0] = v[0] = begin;
     k[1] = cut(tenths.key[0]);
     k[2] = cut(tenths.key[0] + tenths.key[1]);
