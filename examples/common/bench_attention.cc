@@ -97,9 +97,10 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
     std::cout << desc << "\n"
               << "Decode attention (one query row per sequence) over one layer's KV-cache; GB/s counts\n"
                  "the KV bytes read, tokens/s the sequences served per second for that layer, ratio\n"
-                 "is GB/s over the streaming read bandwidth of the same threads (median of 3 full reads of\n"
-                 "--stream-size, taken right after each case). Layers of the same shape are read in\n"
-                 "turn (--cold-size), so that, as in decoding, a layer's KV is not still in cache.\n"
+                 "is GB/s over the streaming read bandwidth of the same threads: the median of full\n"
+                 "reads of --stream-size, one after each round of the case's passes over its layers,\n"
+                 "so that both span the same time. Layers of the same shape are read in turn\n"
+                 "(--cold-size), so that, as in decoding, a layer's KV is not still in cache.\n"
                  "append us is the store's time to append one decode token's K and V (all kv heads) to\n"
                  "one sequence and layer, block seals included (per dtype and head_dim), with 64\n"
                  "sequences per step over the same threads, as a shard appends.\n";
@@ -173,6 +174,7 @@ struct CaseResult {
   bool ran = false;
   int layers = 1;  // read in turn
   double kv_bytes = 0, seconds = 0;  // per layer
+  double stream_gbps = 0;  // the probe's, read between the case's rounds
 };
 
 // A store of `layers` layers of the options' shape, with room for `pages` pages.
@@ -200,7 +202,7 @@ void random_f16_rows(std::mt19937& rng, size_t n, std::vector<uint16_t>& k, std:
   kernels::f32_to_f16(f.data(), v.data(), n);
 }
 
-CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::KvDtype dtype,
+CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, StreamProbe& probe, kernels::KvDtype dtype,
                     int head_dim, int gqa, int ctx, int batch) {
   CaseResult r;
   const kernels::KvFormat& fmt = kernels::kv_format(dtype);
@@ -245,18 +247,28 @@ CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, kernels::K
     }
 
   for (const auto& layer : items) kernels::attention_batch(layer.data(), layer.size(), dims, pool);  // warm-up
-  std::vector<double> times;
-  const auto start = Clock::now();
-  for (size_t i = 0; times.size() < 3 || seconds_since(start) < o.min_time; ++i) {
-    const auto& layer = items[i % items.size()];
-    const auto t0 = Clock::now();
-    kernels::attention_batch(layer.data(), layer.size(), dims, pool);
-    times.push_back(seconds_since(t0));
+  // Rounds of one pass over every layer, each followed by a full read of the stream probe, so that
+  // the kernel and the bandwidth it is compared with are measured over the same stretch of time.
+  // Measured one after the other, the ratio drifted with the host: on the AMD EPYC guest the
+  // stream read 13-24 GB/s within one grid.
+  std::vector<double> times, streams;
+  double kernel_seconds = 0;
+  while (streams.size() < 3 || kernel_seconds < o.min_time) {
+    if (o.cold_bytes == 0 && !streams.empty())  // a case meant hot in cache: back in after the probe
+      kernels::attention_batch(items[0].data(), items[0].size(), dims, pool);
+    for (const auto& layer : items) {
+      const auto t0 = Clock::now();
+      kernels::attention_batch(layer.data(), layer.size(), dims, pool);
+      times.push_back(seconds_since(t0));
+      kernel_seconds += times.back();
+    }
+    streams.push_back(probe.gbps(pool, 1));
   }
   r.ran = true;
   r.layers = layers;
   r.kv_bytes = static_cast<double>(kv_bytes);
   r.seconds = median(times);
+  r.stream_gbps = median(streams);
   return r;
 }
 
@@ -300,7 +312,7 @@ int bench_attention_main(int argc, char** argv) {
   StreamProbe probe(o.stream_bytes);
   if (!o.json) {
     std::printf("threads %d, kv heads %d, block %d tokens, %s pages; layers read in turn up to %.0f MiB of "
-                "KV; stream read bandwidth %.1f GB/s (re-measured per case)\n",
+                "KV; stream read bandwidth %.1f GB/s (re-measured within each case)\n",
                 o.threads, o.kv_heads, o.block_tokens, o.pages.c_str(),
                 double(o.cold_bytes) / (1 << 20), probe.gbps(pool, 7));
     std::printf("%-5s %4s %4s %6s %6s %9s %8s %7s %6s %12s %10s\n", "kv", "hd", "gqa", "ctx", "batch",
@@ -313,13 +325,12 @@ int bench_attention_main(int argc, char** argv) {
       for (int gqa : o.gqas)
         for (int ctx : o.ctxs)
           for (int batch : o.batches) {
-            const CaseResult r = run_case(o, pool, dtype, hd, gqa, ctx, batch);
+            const CaseResult r = run_case(o, pool, probe, dtype, hd, gqa, ctx, batch);
             if (!r.ran) {
               ++skipped;
               continue;
             }
-            // Measured next to each case, so background load drifting during a run hits both.
-            const double stream = probe.gbps(pool, 3);
+            const double stream = r.stream_gbps;
             const double gbps = r.kv_bytes / r.seconds / 1e9;
             const double tps = batch / r.seconds;
             if (o.json) {
