@@ -66,6 +66,16 @@ TEST_CASE("bench attention prints every case with consistent figures and its pag
       const double kv_bytes = field(line, "kv_mib") * (1 << 20);
       CHECK(field(line, "tokens_per_s") == Approx(3 / (kv_bytes / (gbps * 1e9))).epsilon(1e-4));
     }
+    // A shape's dtypes are measured together, against one stream bandwidth read between their rounds.
+    for (size_t i = 0; i < lines.size(); i += 3) {
+      INFO(lines[i]);
+      CHECK(field(lines[i], "gqa") == field(lines[i + 2], "gqa"));
+      CHECK(lines[i].find("\"kv_dtype\":\"f16\"") != std::string::npos);
+      CHECK(lines[i + 1].find("\"kv_dtype\":\"q8\"") != std::string::npos);
+      CHECK(lines[i + 2].find("\"kv_dtype\":\"q4\"") != std::string::npos);
+      CHECK(field(lines[i], "stream_gbps") == field(lines[i + 1], "stream_gbps"));
+      CHECK(field(lines[i], "stream_gbps") == field(lines[i + 2], "stream_gbps"));
+    }
   }
 }
 

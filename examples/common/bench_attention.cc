@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -97,10 +98,12 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
     std::cout << desc << "\n"
               << "Decode attention (one query row per sequence) over one layer's KV-cache; GB/s counts\n"
                  "the KV bytes read, tokens/s the sequences served per second for that layer, ratio\n"
-                 "is GB/s over the streaming read bandwidth of the same threads: the median of full\n"
-                 "reads of --stream-size, one after each round of the case's passes over its layers,\n"
-                 "so that both span the same time. Layers of the same shape are read in turn\n"
-                 "(--cold-size), so that, as in decoding, a layer's KV is not still in cache.\n"
+                 "is GB/s over the streaming read bandwidth of the same threads. The listed kv dtypes\n"
+                 "of a shape are measured together, in rounds of one pass over each one's layers and\n"
+                 "then one full read of --stream-size, so that their tokens/s and the bandwidth (the\n"
+                 "median of those reads) span the same time; their stores are all held meanwhile.\n"
+                 "Layers of the same shape are read in turn (--cold-size), so that, as in decoding,\n"
+                 "a layer's KV is not still in cache.\n"
                  "append us is the store's time to append one decode token's K and V (all kv heads) to\n"
                  "one sequence and layer, block seals included (per dtype and head_dim), with 64\n"
                  "sequences per step over the same threads, as a shard appends.\n";
@@ -171,10 +174,9 @@ class StreamProbe {
 };
 
 struct CaseResult {
-  bool ran = false;
   int layers = 1;  // read in turn
   double kv_bytes = 0, seconds = 0;  // per layer
-  double stream_gbps = 0;  // the probe's, read between the case's rounds
+  double stream_gbps = 0;  // the probe's, read between the rounds (measure_together)
 };
 
 // A store of `layers` layers of the options' shape, with room for `pages` pages.
@@ -202,74 +204,114 @@ void random_f16_rows(std::mt19937& rng, size_t n, std::vector<uint16_t>& k, std:
   kernels::f32_to_f16(f.data(), v.data(), n);
 }
 
-CaseResult run_case(const BenchOptions& o, kernels::ThreadPool& pool, StreamProbe& probe, kernels::KvDtype dtype,
-                    int head_dim, int gqa, int ctx, int batch) {
-  CaseResult r;
+// Whether a case runs: its dtype holds head_dim and its KV fits --max-kv.
+bool case_fits(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int ctx, int batch) {
   const kernels::KvFormat& fmt = kernels::kv_format(dtype);
-  if (!fmt.supports(head_dim)) return r;
+  if (!fmt.supports(head_dim)) return false;
   const size_t blocks = (static_cast<size_t>(ctx) + o.block_tokens - 1) / o.block_tokens;
-  const size_t head_bytes = fmt.head_block_bytes(o.block_tokens, head_dim);
-  const size_t seq_bytes = blocks * o.kv_heads * 2 * head_bytes;
-  if (seq_bytes * batch > o.max_kv_bytes) return r;
+  return blocks * o.kv_heads * 2 * fmt.head_block_bytes(o.block_tokens, head_dim) * batch <= o.max_kv_bytes;
+}
 
-  // Decoding reads every layer's KV once per step: with more KV than the last-level cache holds,
-  // each layer comes from memory. One layer read over and over would stay in a large cache
-  // (480 MiB of L3 on the machine this was written on) and beat the stream bandwidth.
-  const size_t kv_bytes = seq_bytes * batch;
-  const int layers = static_cast<int>(std::clamp<size_t>((o.cold_bytes + kv_bytes - 1) / kv_bytes, 1, 64));
-  KvStore store(store_config(o, dtype, head_dim, layers, blocks * batch));
+// One case: a store of its dtype filled with `batch` sequences of `ctx` tokens in as many layers as
+// --cold-size asks, and one decode query per sequence and layer.
+class AttentionCase {
+ public:
+  AttentionCase(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int gqa, int ctx, int batch)
+      : dims_{o.kv_heads * gqa, o.kv_heads, head_dim} {
+    const size_t blocks = (static_cast<size_t>(ctx) + o.block_tokens - 1) / o.block_tokens;
+    const size_t head_bytes = kernels::kv_format(dtype).head_block_bytes(o.block_tokens, head_dim);
+    // Decoding reads every layer's KV once per step: with more KV than the last-level cache holds,
+    // each layer comes from memory. One layer read over and over would stay in a large cache
+    // (480 MiB of L3 on the machine this was written on) and beat the stream bandwidth.
+    kv_bytes_ = blocks * o.kv_heads * 2 * head_bytes * batch;
+    const int layers = static_cast<int>(std::clamp<size_t>((o.cold_bytes + kv_bytes_ - 1) / kv_bytes_, 1, 64));
+    store_ = std::make_unique<KvStore>(store_config(o, dtype, head_dim, layers, blocks * batch));
 
-  std::mt19937 rng(static_cast<uint32_t>(ctx * 131 + head_dim));
-  const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
-  std::vector<uint16_t> k, v;
-  random_f16_rows(rng, static_cast<size_t>(ctx) * row, k, v);
-  for (size_t b = o.pages == "grown" ? 1 : blocks; b <= blocks; ++b)
+    std::mt19937 rng(static_cast<uint32_t>(ctx * 131 + head_dim));  // the same rows for every dtype
+    const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
+    std::vector<uint16_t> k, v;
+    random_f16_rows(rng, static_cast<size_t>(ctx) * row, k, v);
+    for (size_t b = o.pages == "grown" ? 1 : blocks; b <= blocks; ++b)
+      for (int s = 0; s < batch; ++s)
+        store_->reserve(static_cast<uint64_t>(s), static_cast<int>(std::min<size_t>(ctx, b * o.block_tokens)));
     for (int s = 0; s < batch; ++s)
-      store.reserve(static_cast<uint64_t>(s), static_cast<int>(std::min<size_t>(ctx, b * o.block_tokens)));
-  for (int s = 0; s < batch; ++s)
-    for (int l = 0; l < layers; ++l) store.append(static_cast<uint64_t>(s), l, 0, k.data(), v.data(), ctx);
+      for (int l = 0; l < layers; ++l) store_->append(static_cast<uint64_t>(s), l, 0, k.data(), v.data(), ctx);
 
-  const kernels::AttnDims dims{o.kv_heads * gqa, o.kv_heads, head_dim};
-  const size_t qw = static_cast<size_t>(dims.n_heads) * head_dim;
-  std::vector<float> q(qw * batch), out(qw * batch);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (auto& x : q) x = dist(rng);
-  std::vector<std::vector<kernels::AttnItem>> items(static_cast<size_t>(layers));  // [layers][batch]
-  for (int l = 0; l < layers; ++l)
-    for (int s = 0; s < batch; ++s) {
-      kernels::AttnItem it;
-      it.q = q.data() + qw * s;
-      it.out = out.data() + qw * s;
-      it.n_q = 1;
-      it.q_pos0 = ctx - 1;
-      it.kv = store.view_blocks(static_cast<uint64_t>(s), l);
-      items[static_cast<size_t>(l)].push_back(it);
-    }
+    const size_t qw = static_cast<size_t>(dims_.n_heads) * head_dim;
+    q_.resize(qw * batch);
+    out_.resize(qw * batch);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (auto& x : q_) x = dist(rng);
+    items_.resize(static_cast<size_t>(layers));
+    for (int l = 0; l < layers; ++l)
+      for (int s = 0; s < batch; ++s) {
+        kernels::AttnItem it;
+        it.q = q_.data() + qw * s;
+        it.out = out_.data() + qw * s;
+        it.n_q = 1;
+        it.q_pos0 = ctx - 1;
+        it.kv = store_->view_blocks(static_cast<uint64_t>(s), l);
+        items_[static_cast<size_t>(l)].push_back(it);
+      }
+  }
 
-  for (const auto& layer : items) kernels::attention_batch(layer.data(), layer.size(), dims, pool);  // warm-up
-  // Rounds of one pass over every layer, each followed by a full read of the stream probe, so that
-  // the kernel and the bandwidth it is compared with are measured over the same stretch of time.
-  // Measured one after the other, the ratio drifted with the host: on the AMD EPYC guest the
-  // stream read 13-24 GB/s within one grid.
-  std::vector<double> times, streams;
-  double kernel_seconds = 0;
-  while (streams.size() < 3 || kernel_seconds < o.min_time) {
-    if (o.cold_bytes == 0 && !streams.empty())  // a case meant hot in cache: back in after the probe
-      kernels::attention_batch(items[0].data(), items[0].size(), dims, pool);
-    for (const auto& layer : items) {
+  // One call per layer, untimed.
+  void warm(kernels::ThreadPool& pool) {
+    for (const auto& layer : items_) kernels::attention_batch(layer.data(), layer.size(), dims_, pool);
+  }
+  // One timed call per layer.
+  void pass(kernels::ThreadPool& pool) {
+    for (const auto& layer : items_) {
       const auto t0 = Clock::now();
-      kernels::attention_batch(layer.data(), layer.size(), dims, pool);
-      times.push_back(seconds_since(t0));
-      kernel_seconds += times.back();
+      kernels::attention_batch(layer.data(), layer.size(), dims_, pool);
+      times_.push_back(seconds_since(t0));
+      seconds_ += times_.back();
+    }
+  }
+  double seconds() const { return seconds_; }
+
+  CaseResult result(double stream_gbps) const {
+    CaseResult r;
+    r.layers = static_cast<int>(items_.size());
+    r.kv_bytes = static_cast<double>(kv_bytes_);
+    r.seconds = median(times_);
+    r.stream_gbps = stream_gbps;
+    return r;
+  }
+
+ private:
+  kernels::AttnDims dims_;
+  size_t kv_bytes_ = 0;
+  std::unique_ptr<KvStore> store_;
+  std::vector<float> q_, out_;                          // [batch][n_heads * head_dim]
+  std::vector<std::vector<kernels::AttnItem>> items_;  // [layers][batch]
+  std::vector<double> times_;                          // seconds per call
+  double seconds_ = 0;
+};
+
+// Measures the cases of one shape (one per listed dtype) together, in rounds: one timed pass over
+// every layer of each case in turn, then one full read of the stream probe, until each case has
+// --min-time of calls and there were 3 rounds. So the cases, and the bandwidth they are compared
+// with, span the same stretch of time: measured one after the other, they drifted with the host
+// (on the AMD EPYC guest the stream read 13-24 GB/s within one grid). Returns the median stream.
+double measure_together(const BenchOptions& o, kernels::ThreadPool& pool, StreamProbe& probe,
+                        std::vector<std::unique_ptr<AttentionCase>>& cases) {
+  for (auto& c : cases) c->warm(pool);
+  std::vector<double> streams;
+  const auto done = [&] {
+    if (streams.size() < 3) return false;
+    for (const auto& c : cases)
+      if (c->seconds() < o.min_time) return false;
+    return true;
+  };
+  while (!done()) {
+    for (auto& c : cases) {
+      if (o.cold_bytes == 0) c->warm(pool);  // meant hot in cache: back in after the others
+      c->pass(pool);
     }
     streams.push_back(probe.gbps(pool, 1));
   }
-  r.ran = true;
-  r.layers = layers;
-  r.kv_bytes = static_cast<double>(kv_bytes);
-  r.seconds = median(times);
-  r.stream_gbps = median(streams);
-  return r;
+  return median(streams);
 }
 
 // Microseconds the store takes to append one decode token (the K and V rows of every kv head) to
@@ -312,25 +354,34 @@ int bench_attention_main(int argc, char** argv) {
   StreamProbe probe(o.stream_bytes);
   if (!o.json) {
     std::printf("threads %d, kv heads %d, block %d tokens, %s pages; layers read in turn up to %.0f MiB of "
-                "KV; stream read bandwidth %.1f GB/s (re-measured within each case)\n",
+                "KV; stream read bandwidth %.1f GB/s (re-measured with each shape)\n",
                 o.threads, o.kv_heads, o.block_tokens, o.pages.c_str(),
                 double(o.cold_bytes) / (1 << 20), probe.gbps(pool, 7));
     std::printf("%-5s %4s %4s %6s %6s %9s %8s %7s %6s %12s %10s\n", "kv", "hd", "gqa", "ctx", "batch",
                 "KV MiB", "GB/s", "stream", "ratio", "tokens/s", "append us");
   }
   int skipped = 0;
-  for (auto dtype : o.dtypes)
-    for (int hd : o.head_dims) {
-      const double append = append_us(o, dtype, hd, pool);
-      for (int gqa : o.gqas)
-        for (int ctx : o.ctxs)
-          for (int batch : o.batches) {
-            const CaseResult r = run_case(o, pool, probe, dtype, hd, gqa, ctx, batch);
-            if (!r.ran) {
+  for (int hd : o.head_dims) {
+    std::vector<double> append;
+    for (auto dtype : o.dtypes) append.push_back(append_us(o, dtype, hd, pool));
+    for (int gqa : o.gqas)
+      for (int ctx : o.ctxs)
+        for (int batch : o.batches) {
+          std::vector<std::unique_ptr<AttentionCase>> cases;
+          std::vector<size_t> which;  // index into o.dtypes of each case
+          for (size_t i = 0; i < o.dtypes.size(); ++i) {
+            if (!case_fits(o, o.dtypes[i], hd, ctx, batch)) {
               ++skipped;
               continue;
             }
-            const double stream = r.stream_gbps;
+            cases.push_back(std::make_unique<AttentionCase>(o, o.dtypes[i], hd, gqa, ctx, batch));
+            which.push_back(i);
+          }
+          if (cases.empty()) continue;
+          const double stream = measure_together(o, pool, probe, cases);
+          for (size_t c = 0; c < cases.size(); ++c) {
+            const kernels::KvDtype dtype = o.dtypes[which[c]];
+            const CaseResult r = cases[c]->result(stream);
             const double gbps = r.kv_bytes / r.seconds / 1e9;
             const double tps = batch / r.seconds;
             if (o.json) {
@@ -349,16 +400,17 @@ int bench_attention_main(int argc, char** argv) {
                   .add("stream_gbps", stream)
                   .add("ratio", gbps / stream)
                   .add("tokens_per_s", tps)
-                  .add("append_us", append);
+                  .add("append_us", append[which[c]]);
               std::cout << line.str() << std::endl;
             } else {
               std::printf("%-5s %4d %4d %6d %6d %9.1f %8.2f %7.2f %6.3f %12.0f %10.2f\n",
                           kernels::kv_dtype_name(dtype), hd, gqa, ctx, batch, r.kv_bytes / (1 << 20), gbps,
-                          stream, gbps / stream, tps, append);
+                          stream, gbps / stream, tps, append[which[c]]);
               std::fflush(stdout);
             }
           }
-    }
+        }
+  }
   if (skipped > 0)
     std::fprintf(stderr, "%d case(s) skipped: KV larger than --max-kv, or head_dim unsupported by the dtype\n",
                  skipped);
