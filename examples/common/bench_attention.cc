@@ -176,7 +176,6 @@ class StreamProbe {
 struct CaseResult {
   int layers = 1;  // read in turn
   double kv_bytes = 0, seconds = 0;  // per layer
-  double stream_gbps = 0;  // the probe's, read between the rounds (measure_together)
 };
 
 // A store of `layers` layers of the options' shape, with room for `pages` pages.
@@ -204,12 +203,21 @@ void random_f16_rows(std::mt19937& rng, size_t n, std::vector<uint16_t>& k, std:
   kernels::f32_to_f16(f.data(), v.data(), n);
 }
 
+// Pages of a sequence of ctx tokens.
+size_t pages_of(const BenchOptions& o, int ctx) {
+  return (static_cast<size_t>(ctx) + o.block_tokens - 1) / o.block_tokens;
+}
+
+// Bytes of one layer's K and V of `batch` sequences of ctx tokens.
+size_t layer_kv_bytes(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int ctx, int batch) {
+  return pages_of(o, ctx) * o.kv_heads * 2 * kernels::kv_format(dtype).head_block_bytes(o.block_tokens, head_dim) *
+         batch;
+}
+
 // Whether a case runs: its dtype holds head_dim and its KV fits --max-kv.
 bool case_fits(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int ctx, int batch) {
-  const kernels::KvFormat& fmt = kernels::kv_format(dtype);
-  if (!fmt.supports(head_dim)) return false;
-  const size_t blocks = (static_cast<size_t>(ctx) + o.block_tokens - 1) / o.block_tokens;
-  return blocks * o.kv_heads * 2 * fmt.head_block_bytes(o.block_tokens, head_dim) * batch <= o.max_kv_bytes;
+  return kernels::kv_format(dtype).supports(head_dim) &&
+         layer_kv_bytes(o, dtype, head_dim, ctx, batch) <= o.max_kv_bytes;
 }
 
 // One case: a store of its dtype filled with `batch` sequences of `ctx` tokens in as many layers as
@@ -217,13 +225,11 @@ bool case_fits(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int 
 class AttentionCase {
  public:
   AttentionCase(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int gqa, int ctx, int batch)
-      : dims_{o.kv_heads * gqa, o.kv_heads, head_dim} {
-    const size_t blocks = (static_cast<size_t>(ctx) + o.block_tokens - 1) / o.block_tokens;
-    const size_t head_bytes = kernels::kv_format(dtype).head_block_bytes(o.block_tokens, head_dim);
+      : dims_{o.kv_heads * gqa, o.kv_heads, head_dim}, kv_bytes_(layer_kv_bytes(o, dtype, head_dim, ctx, batch)) {
+    const size_t blocks = pages_of(o, ctx);
     // Decoding reads every layer's KV once per step: with more KV than the last-level cache holds,
     // each layer comes from memory. One layer read over and over would stay in a large cache
     // (480 MiB of L3 on the machine this was written on) and beat the stream bandwidth.
-    kv_bytes_ = blocks * o.kv_heads * 2 * head_bytes * batch;
     const int layers = static_cast<int>(std::clamp<size_t>((o.cold_bytes + kv_bytes_ - 1) / kv_bytes_, 1, 64));
     store_ = std::make_unique<KvStore>(store_config(o, dtype, head_dim, layers, blocks * batch));
 
@@ -265,28 +271,30 @@ class AttentionCase {
       const auto t0 = Clock::now();
       kernels::attention_batch(layer.data(), layer.size(), dims_, pool);
       times_.push_back(seconds_since(t0));
-      seconds_ += times_.back();
     }
   }
-  double seconds() const { return seconds_; }
+  // Seconds of all timed calls so far.
+  double seconds() const {
+    double sum = 0;
+    for (double t : times_) sum += t;
+    return sum;
+  }
 
-  CaseResult result(double stream_gbps) const {
+  CaseResult result() const {
     CaseResult r;
     r.layers = static_cast<int>(items_.size());
     r.kv_bytes = static_cast<double>(kv_bytes_);
     r.seconds = median(times_);
-    r.stream_gbps = stream_gbps;
     return r;
   }
 
  private:
   kernels::AttnDims dims_;
-  size_t kv_bytes_ = 0;
+  size_t kv_bytes_;  // of one layer
   std::unique_ptr<KvStore> store_;
   std::vector<float> q_, out_;                          // [batch][n_heads * head_dim]
   std::vector<std::vector<kernels::AttnItem>> items_;  // [layers][batch]
   std::vector<double> times_;                          // seconds per call
-  double seconds_ = 0;
 };
 
 // Measures the cases of one shape (one per listed dtype) together, in rounds: one timed pass over
@@ -381,7 +389,7 @@ int bench_attention_main(int argc, char** argv) {
           const double stream = measure_together(o, pool, probe, cases);
           for (size_t c = 0; c < cases.size(); ++c) {
             const kernels::KvDtype dtype = o.dtypes[which[c]];
-            const CaseResult r = cases[c]->result(stream);
+            const CaseResult r = cases[c]->result();
             const double gbps = r.kv_bytes / r.seconds / 1e9;
             const double tps = batch / r.seconds;
             if (o.json) {
