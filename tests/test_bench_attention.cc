@@ -87,3 +87,23 @@ TEST_CASE("bench attention rejects an unknown page order by name", "[bench]") {
     CHECK(std::string(e.what()).find("--pages must be whole or grown, not 'sideways'") != std::string::npos);
   }
 }
+
+TEST_CASE("bench attention reads the stream a bounded number of times per shape, however short its calls", "[bench]") {
+  // Calls of tens of microseconds, hot in cache: a read after every round would make thousands.
+  const auto lines = run_bench({"--json", "--ctx", "130", "--batch", "1", "--head-dim", "64", "--gqa", "1",
+                                "--kv-dtype", "f16,q4", "--threads", "1", "--kv-heads", "2", "--min-time", "0.1",
+                                "--cold-size", "0", "--stream-size", "16MiB"});
+  REQUIRE(lines.size() == 2);
+  for (const auto& line : lines) {
+    INFO(line);
+    // One read per eighth of --min-time that every case was timed for: 8, or 7 when the rounds'
+    // overshoot of each eighth adds up to more than the last one.
+    CHECK(field(line, "stream_reads") >= 7);
+    CHECK(field(line, "stream_reads") <= 8);
+  }
+  const auto none = run_bench({"--json", "--ctx", "130", "--batch", "1", "--head-dim", "64", "--gqa", "1",
+                               "--threads", "1", "--kv-heads", "2", "--min-time", "0", "--cold-size", "0",
+                               "--stream-size", "4MiB"});
+  REQUIRE(none.size() == 1);
+  CHECK(field(none[0], "stream_reads") == 3);
+}

@@ -99,9 +99,10 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
               << "Decode attention (one query row per sequence) over one layer's KV-cache; GB/s counts\n"
                  "the KV bytes read, tokens/s the sequences served per second for that layer, ratio\n"
                  "is GB/s over the streaming read bandwidth of the same threads. The listed kv dtypes\n"
-                 "of a shape are measured together, in rounds of one pass over each one's layers and\n"
-                 "then one full read of --stream-size, so that their tokens/s and the bandwidth (the\n"
-                 "median of those reads) span the same time; their stores are all held meanwhile.\n"
+                 "of a shape are measured together, in rounds of one pass over each one's layers,\n"
+                 "with a full read of --stream-size after every eighth of --min-time (3 at least),\n"
+                 "so that their tokens/s and the bandwidth (the median of those reads, stream_reads\n"
+                 "in --json) span the same time; their stores are all held meanwhile.\n"
                  "Layers of the same shape are read in turn (--cold-size), so that, as in decoding,\n"
                  "a layer's KV is not still in cache.\n"
                  "append us is the store's time to append one decode token's K and V (all kv heads) to\n"
@@ -271,14 +272,12 @@ class AttentionCase {
       const auto t0 = Clock::now();
       kernels::attention_batch(layer.data(), layer.size(), dims_, pool);
       times_.push_back(seconds_since(t0));
+      seconds_ += times_.back();
     }
   }
-  // Seconds of all timed calls so far.
-  double seconds() const {
-    double sum = 0;
-    for (double t : times_) sum += t;
-    return sum;
-  }
+  // Seconds of all timed calls so far. Kept as a running sum: the rounds ask after every pass, and
+  // summing times_ each time took 45 % of a run of 50 us calls (--min-time 4).
+  double seconds() const { return seconds_; }
 
   CaseResult result() const {
     CaseResult r;
@@ -295,17 +294,36 @@ class AttentionCase {
   std::vector<float> q_, out_;                          // [batch][n_heads * head_dim]
   std::vector<std::vector<kernels::AttnItem>> items_;  // [layers][batch]
   std::vector<double> times_;                          // seconds per call
+  double seconds_ = 0;                                 // their sum
 };
 
-// Measures the cases of one shape (one per listed dtype) together, in rounds: one timed pass over
-// every layer of each case in turn, then one full read of the stream probe, until each case has
-// --min-time of calls and there were 3 rounds. So the cases, and the bandwidth they are compared
-// with, span the same stretch of time: measured one after the other, they drifted with the host
-// (on the AMD EPYC guest the stream read 13-24 GB/s within one grid). Returns the median stream.
-double measure_together(const BenchOptions& o, kernels::ThreadPool& pool, StreamProbe& probe,
-                        std::vector<std::unique_ptr<AttentionCase>>& cases) {
+// The stream bandwidth of a shape: the median of its reads, and how many there were.
+struct StreamResult {
+  double gbps = 0;
+  int reads = 0;
+};
+
+// Stream reads per --min-time of timed calls of every case.
+constexpr int kStreamReadsPerMinTime = 8;
+
+// Measures the cases of one shape (one per listed dtype) together, in rounds of one timed pass over
+// every layer of each case in turn, until each case has --min-time of calls; a full read of the
+// stream probe follows the round in which every case passed another eighth of --min-time, and
+// there are 3 reads at least. So the cases, and the bandwidth they are compared with, span the
+// same stretch of time: measured one after the other, they drifted with the host (on the AMD EPYC
+// guest the stream read 13-24 GB/s within one grid). With a read after every round, calls of
+// microseconds made tens of thousands of reads: --threads 1 --cold-size 0 --ctx 128,512 --batch 1,2
+// --min-time 0.5 --stream-size 256MiB had not finished after 11 minutes; it takes 13 s now.
+StreamResult measure_together(const BenchOptions& o, kernels::ThreadPool& pool, StreamProbe& probe,
+                              std::vector<std::unique_ptr<AttentionCase>>& cases) {
   for (auto& c : cases) c->warm(pool);
   std::vector<double> streams;
+  std::vector<double> at_read(cases.size(), 0.0);  // each case's timed seconds at the last read
+  const auto read_due = [&] {
+    for (size_t i = 0; i < cases.size(); ++i)
+      if (cases[i]->seconds() - at_read[i] < o.min_time / kStreamReadsPerMinTime) return false;
+    return true;
+  };
   const auto done = [&] {
     if (streams.size() < 3) return false;
     for (const auto& c : cases)
@@ -317,9 +335,12 @@ double measure_together(const BenchOptions& o, kernels::ThreadPool& pool, Stream
       if (o.cold_bytes == 0) c->warm(pool);  // meant hot in cache: back in after the others
       c->pass(pool);
     }
-    streams.push_back(probe.gbps(pool, 1));
+    if (read_due()) {
+      streams.push_back(probe.gbps(pool, 1));
+      for (size_t i = 0; i < cases.size(); ++i) at_read[i] = cases[i]->seconds();
+    }
   }
-  return median(streams);
+  return {median(streams), static_cast<int>(streams.size())};
 }
 
 // Microseconds the store takes to append one decode token (the K and V rows of every kv head) to
@@ -386,7 +407,8 @@ int bench_attention_main(int argc, char** argv) {
             which.push_back(i);
           }
           if (cases.empty()) continue;
-          const double stream = measure_together(o, pool, probe, cases);
+          const StreamResult stream_read = measure_together(o, pool, probe, cases);
+          const double stream = stream_read.gbps;
           for (size_t c = 0; c < cases.size(); ++c) {
             const kernels::KvDtype dtype = o.dtypes[which[c]];
             const CaseResult r = cases[c]->result();
@@ -406,6 +428,7 @@ int bench_attention_main(int argc, char** argv) {
                   .add("layers", int64_t{r.layers})
                   .add("gbps", gbps)
                   .add("stream_gbps", stream)
+                  .add("stream_reads", int64_t{stream_read.reads})
                   .add("ratio", gbps / stream)
                   .add("tokens_per_s", tps)
                   .add("append_us", append[which[c]]);
