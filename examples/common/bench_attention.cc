@@ -313,7 +313,7 @@ constexpr int kStreamReadsPerMinTime = 8;
 // same stretch of time: measured one after the other, they drifted with the host (on the AMD EPYC
 // guest the stream read 13-24 GB/s within one grid). With a read after every round, calls of
 // microseconds made tens of thousands of reads: --threads 1 --cold-size 0 --ctx 128,512 --batch 1,2
-// --min-time 0.5 --stream-size 256MiB had not finished after 11 minutes; it takes 13 s now.
+// --min-time 0.5 --stream-size 256MiB had not finished after 11 minutes; it takes 10 s now.
 StreamResult measure_together(const BenchOptions& o, kernels::ThreadPool& pool, StreamProbe& probe,
                               std::vector<std::unique_ptr<AttentionCase>>& cases) {
   for (auto& c : cases) c->warm(pool);
