@@ -91,27 +91,35 @@ caf::result<attn_reply> attend(ShardState& st, const attn_request& r) {
   return out;
 }
 
+shard_stats snapshot(const ShardState& st) {
+  shard_stats s = st.stats;
+  s.served = st.seen.size();
+  s.name = st.cfg.name;
+  s.sequences = st.store->sequences();
+  s.tokens = st.store->tokens();
+  s.used_pages = st.store->used_pages();
+  s.free_pages = st.store->free_pages();
+  s.page_bytes = st.store->page_bytes();
+  return s;
+}
+
 shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardState> self,
                                           ShardConfig cfg, std::shared_ptr<KvStore> store,
                                           std::shared_ptr<kernels::ThreadPool> pool) {
   self->state.cfg = cfg;
   self->state.store = std::move(store);
   self->state.pool = std::move(pool);
+  // A shard can be stopped by its link to the gpu node's side before its node asks what it served
+  // (the gpu node ending, or dropping it): its last figures go to report_to as it stops.
+  self->set_exit_handler([self](caf::exit_msg& m) {
+    if (!m.reason) return;  // a normal exit of a linked actor does not end a shard
+    if (self->state.cfg.report_to) caf::anon_send(self->state.cfg.report_to, snapshot(self->state));
+    self->quit(m.reason);
+  });
   return {
       [self](const attn_request& r) { return attend(self->state, r); },
       [self](drop_atom, uint64_t seq) { self->state.store->drop(seq); },
-      [self](stats_atom) {
-        auto& st = self->state;
-        shard_stats s = st.stats;
-        s.served = st.seen.size();
-        s.name = st.cfg.name;
-        s.sequences = st.store->sequences();
-        s.tokens = st.store->tokens();
-        s.used_pages = st.store->used_pages();
-        s.free_pages = st.store->free_pages();
-        s.page_bytes = st.store->page_bytes();
-        return s;
-      },
+      [self](stats_atom) { return snapshot(self->state); },
   };
 }
 

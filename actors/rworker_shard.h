@@ -3,6 +3,7 @@
 #include <string>
 
 #include "actors/type_ids.h"
+#include "caf/actor.hpp"
 #include "kernels/attention.h"
 #include "runtime/kv_store.h"
 
@@ -13,6 +14,7 @@ struct ShardConfig {
   KvStoreConfig kv;
   kernels::AttnDims dims;
   int threads = 1;   // attention threads of this shard (a node's shards share its cores)
+  caf::actor report_to;  // gets the shard's last shard_stats when an exit message stops it (may be unset)
 };
 
 // Spawned detached: attention is long-running work that must not block CAF's scheduler threads.

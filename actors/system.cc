@@ -37,12 +37,12 @@ int threads_per_shard(int node_threads, int n) {
 
 std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
                                      const KvStoreConfig& kv, const kernels::AttnDims& dims,
-                                     int32_t group, int threads_per_shard) {
+                                     int32_t group, int threads_per_shard, caf::actor report_to) {
   std::vector<shard_info> out;
   caf::scoped_actor self{sys};
   try {
     for (int i = 0; i < n; ++i) {
-      ShardConfig sc{prefix + std::to_string(i), kv, dims, threads_per_shard};
+      ShardConfig sc{prefix + std::to_string(i), kv, dims, threads_per_shard, report_to};
       shard_info info;
       info.hdl = spawn_shard(sys, sc);
       info.name = sc.name;

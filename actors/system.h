@@ -88,10 +88,12 @@ void stop_local_node(LocalNode& node);
 // Attention threads per shard when a node's n shards share `node_threads` (0: all cores).
 int threads_per_shard(int node_threads, int n);
 
-// Spawns n shards for R-group `group` and describes them for registration.
+// Spawns n shards for R-group `group` and describes them for registration. Each shard sends its
+// last shard_stats to `report_to` (when set) as an exit message stops it.
 std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
                                      const KvStoreConfig& kv, const kernels::AttnDims& dims,
-                                     int32_t group = 0, int threads_per_shard = 1);
+                                     int32_t group = 0, int threads_per_shard = 1,
+                                     caf::actor report_to = {});
 
 // Sends every request at once and waits for all answers; a failed or timed-out request gets its
 // error in gen_result::error, the others are unaffected.

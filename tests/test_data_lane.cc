@@ -263,6 +263,40 @@ TEST_CASE("attention through a lane shard equals the shard's own answer, and the
   caf::anon_send_exit(direct, caf::exit_reason::user_shutdown);
 }
 
+// The race CI met: the gpu node's end reaches a cpu shard through its lane shard's link before
+// the cpu node asks it what it served, so the shard must say so itself as it stops.
+TEST_CASE("a shard stopped through its lane shard's link sends its node its last figures, then goes down", "[lane]") {
+  LaneFixture fx;
+  caf::scoped_actor self{*fx.sys};
+  auto cfg = shard_config("far");
+  cfg.report_to = caf::actor_cast<caf::actor>(self);
+  auto far = fd::spawn_shard(*fx.sys, cfg);
+  self->monitor(far);
+  auto [server, lane, front] = fx.open(6, far);
+  auto r = random_request(3, 1);
+  ask(self, front, r);
+  r = random_request(1, 2);
+  r.seqs[0].pos0 = 3;
+  ask(self, front, r);
+
+  caf::anon_send_exit(lane.actor, caf::exit_reason::user_shutdown);  // as the gpu node does on ending
+  std::vector<std::string> seen;  // what reached the node, in order
+  fd::shard_stats last;
+  for (int i = 0; i < 2; ++i)
+    self->receive([&](fd::shard_stats& st) {
+                    seen.push_back("stats");
+                    last = st;
+                  },
+                  [&](caf::down_msg& dm) { seen.push_back(dm.source == far.address() ? "down" : "other down"); },
+                  caf::after(std::chrono::seconds(10)) >> [&] { seen.push_back("nothing"); });
+  CHECK(seen == std::vector<std::string>{"stats", "down"});
+  CHECK(last.name == "far");
+  CHECK(last.requests == 2);
+  CHECK(last.served == 1);
+  CHECK(last.tokens == 4);
+  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("requests through one lane from several threads each get their own answer", "[lane]") {
   LaneFixture fx;
   auto far0 = fd::spawn_shard(*fx.sys, shard_config("far0")), far1 = fd::spawn_shard(*fx.sys, shard_config("far1"));

@@ -79,7 +79,7 @@ ShardCosts measure_shard(caf::actor_system& sys, const PlanRunConfig& cfg) {
   const size_t rows = static_cast<size_t>(cfg.schedule.batch);
   const size_t qw = m.q_width(), kw = m.kv_width();
   ShardConfig sc{"calibration", KvStoreConfig{m.n_layers, m.n_kv_heads, m.head_dim, 16, size_t(64) << 20},
-                 kernels::AttnDims{m.n_heads, m.n_kv_heads, m.head_dim}, 1};
+                 kernels::AttnDims{m.n_heads, m.n_kv_heads, m.head_dim}, 1, {}};
   auto shard = spawn_shard(sys, sc);
   std::vector<float> q(rows * qw, 0.1f), o(rows * qw);  // [rows][qw]
   std::vector<uint16_t> kv(rows * kw, 0x3c00);          // [rows][kw] f16 ones
@@ -137,7 +137,7 @@ double measure_shard_r(caf::actor_system& sys, const PlanRunConfig& cfg, double 
   for (int i = 0; i < cfg.shards; ++i)
     shards.push_back(spawn_shard(sys, ShardConfig{"calibration-" + std::to_string(i),
                                                   KvStoreConfig{m.n_layers, m.n_kv_heads, m.head_dim, 16, capacity},
-                                                  kernels::AttnDims{m.n_heads, m.n_kv_heads, m.head_dim}, 1}));
+                                                  kernels::AttnDims{m.n_heads, m.n_kv_heads, m.head_dim}, 1, {}}));
   std::vector<float> q(size_t(len) * seqs * qw, 0.1f);     // [rows][qw]
   std::vector<uint16_t> kv(size_t(len) * seqs * kw, 0x3c00);  // [rows][kw] f16 ones
   caf::scoped_actor self{sys};

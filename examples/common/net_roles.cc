@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <unistd.h>
@@ -137,36 +138,44 @@ void exit_within(std::chrono::seconds after, int rc) {
   }).detach();
 }
 
-// Prints what the shards served, stops them and waits until they are gone: a shard still
-// running when the actor system shuts down can keep the process from exiting.
-void report_and_stop(caf::scoped_actor& self, caf::actor_system& sys, const std::string& name,
-                     const std::vector<shard_actor>& shards) {
+// A node's shards as they stop: each one sends its last figures (report_to), then goes down.
+struct StoppingShards {
+  std::vector<shard_actor> hdls;
+  std::vector<shard_stats> last;     // from the shards that stopped so far
+  std::set<caf::actor_addr> down;
+
+  // Whether `dm` is about one of the shards (it is then counted).
+  bool note_down(const caf::down_msg& dm) {
+    for (auto& s : hdls)
+      if (dm.source == s.address()) {
+        down.insert(dm.source);
+        return true;
+      }
+    return false;
+  }
+};
+
+// Stops the shards, waits until they are gone (a shard still running when the actor system shuts
+// down can keep the process from exiting) and prints what they served.
+void report_and_stop(caf::scoped_actor& self, const std::string& name, StoppingShards& sh) {
+  for (auto& s : sh.hdls) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  bool waiting = true;
+  while (waiting && sh.down.size() < sh.hdls.size())
+    self->receive([&](shard_stats& st) { sh.last.push_back(std::move(st)); },
+                  [&](caf::down_msg& dm) { sh.note_down(dm); },
+                  caf::after(std::chrono::seconds(5)) >> [&] { waiting = false; });
   uint64_t requests = 0, sequences = 0;
   double busy_ms = 0;
-  for (auto& s : shards)
-    self->request(s, std::chrono::seconds(5), stats_atom::value)
-        .receive(
-            [&](shard_stats& st) {
-              requests += st.requests;
-              sequences += st.served;
-              busy_ms += st.busy_ms;
-            },
-            [&](caf::error& e) {
-              std::cerr << "cpu node " << name << ": no stats from a shard: " << sys.render(e)
-                        << "\n";
-            });
-  std::cerr << "cpu node " << name << ": served " << requests << " attention requests for "
-            << sequences << " sequences (" << static_cast<int64_t>(busy_ms) << " ms busy)\n";
-  for (auto& s : shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
-  size_t down = 0;
-  bool waiting = true;
-  while (waiting && down < shards.size())
-    self->receive(
-        [&](caf::down_msg& dm) {
-          for (auto& s : shards)
-            if (dm.source == s.address()) ++down;
-        },
-        caf::after(std::chrono::seconds(5)) >> [&] { waiting = false; });
+  for (auto& st : sh.last) {
+    requests += st.requests;
+    sequences += st.served;
+    busy_ms += st.busy_ms;
+  }
+  if (sh.last.size() < sh.hdls.size())
+    std::cerr << "cpu node " << name << ": " << sh.hdls.size() - sh.last.size() << " of " << sh.hdls.size()
+              << " shard(s) stopped without their figures; they are missing below\n";
+  std::cerr << "cpu node " << name << ": served " << requests << " attention requests for " << sequences
+            << " sequences (" << static_cast<int64_t>(busy_ms) << " ms busy)\n";
 }
 
 }  // namespace
@@ -204,7 +213,7 @@ int run_cpu_role(const NodeArgs& args) {
       KvStoreConfig{shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_tokens,
                     args.local.kv_memory, args.local.kv_dtype},
       kernels::AttnDims{shape.n_heads, shape.n_kv_heads, shape.head_dim}, shape.group,
-      threads_per_shard(args.local.attn_threads, args.local.shards));
+      threads_per_shard(args.local.attn_threads, args.local.shards), caf::actor_cast<caf::actor>(self));
   std::vector<shard_actor> shards;
   for (auto& s : reg.shards) {
     s.node = name;
@@ -238,6 +247,7 @@ int run_cpu_role(const NodeArgs& args) {
   std::cerr << "cpu node " << name << ": " << shards.size() << " shard(s) joined " << args.join
             << "\n";
   self->monitor(gate);
+  StoppingShards stopping{shards, {}, {}};
   for (auto& s : shards) self->monitor(s);
 
   int rc = -1;
@@ -255,17 +265,18 @@ int run_cpu_role(const NodeArgs& args) {
     }
     self->receive(
         [&](caf::down_msg& dm) {
-          if (dm.source == gate.address())
-            std::cerr << "cpu node " << name << ": lost the gpu node at " << args.join
-                      << "; exiting\n";
-          else
+          if (stopping.note_down(dm))
             std::cerr << "cpu node " << name
                       << ": the gpu node dropped a shard of this node (unresponsive?); exiting\n";
+          else
+            std::cerr << "cpu node " << name << ": lost the gpu node at " << args.join
+                      << "; exiting\n";
           rc = 1;
         },
+        [&](shard_stats& st) { stopping.last.push_back(std::move(st)); },
         caf::after(std::chrono::milliseconds(200)) >> [] {});
   }
-  report_and_stop(self, sys, name, shards);
+  report_and_stop(self, name, stopping);
   if (lane) caf::anon_send_exit(lane, caf::exit_reason::user_shutdown);
   // Everything is reported by now.
   exit_within(std::chrono::seconds(3), rc);
