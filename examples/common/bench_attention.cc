@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -19,6 +18,7 @@
 #include "examples/common/json.h"
 #include "examples/common/stats.h"
 #include "examples/common/list_options.h"
+#include "examples/common/machine_caches.h"
 #include "examples/common/node_options.h"
 #include "kernels/attention.h"
 #include "kernels/kv_format.h"
@@ -49,10 +49,10 @@ struct BenchOptions {
   std::string pages = "whole";  // or "grown": reserve the sequences' pages in turn, as decoding grows them
 };
 
-// Twice the last-level cache (sysconf; 64 MiB when it does not say).
+// Twice the last-level cache (64 MiB when the machine does not say).
 size_t default_cold_bytes() {
-  const long llc = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return 2 * (llc > 0 ? static_cast<size_t>(llc) : size_t(32) << 20);
+  const size_t llc = last_level_cache_bytes();
+  return 2 * (llc > 0 ? llc : size_t(32) << 20);
 }
 
 std::vector<kernels::KvDtype> parse_dtypes(const std::string& text) {
