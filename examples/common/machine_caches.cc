@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
