@@ -9,8 +9,9 @@
 #include <fstream>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "examples/common/list_options.h"
 
 namespace fd {
 namespace {
@@ -36,7 +37,7 @@ size_t parse_cache_size(const std::string& text) {
   return 0;
 }
 
-// The CPUs this process may run on; the first hardware_concurrency() when the mask cannot be read.
+// The CPUs this process may run on; the first machine_cores() when the mask cannot be read.
 std::vector<int> allowed_cpus() {
   std::vector<int> cpus;
   cpu_set_t set;
@@ -45,7 +46,7 @@ std::vector<int> allowed_cpus() {
     for (int c = 0; c < CPU_SETSIZE; ++c)
       if (CPU_ISSET(c, &set)) cpus.push_back(c);
   } else {
-    for (int c = 0; c < static_cast<int>(std::thread::hardware_concurrency()); ++c) cpus.push_back(c);
+    for (int c = 0; c < machine_cores(); ++c) cpus.push_back(c);
   }
   return cpus;
 }

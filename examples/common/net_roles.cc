@@ -140,7 +140,7 @@ void exit_within(std::chrono::seconds after, int rc) {
 
 // A node's shards as they stop: each one sends its last figures (report_to), then goes down.
 struct StoppingShards {
-  std::vector<shard_actor> hdls;
+  const std::vector<shard_actor>& hdls;
   std::vector<shard_stats> last;     // from the shards that stopped so far
   std::set<caf::actor_addr> down;
 
