@@ -6,6 +6,7 @@
 #include "kernels/ops.h"
 #include "kernels/quantize.h"
 #include "kernels/stream.h"
+#include "kernels/transpose.h"
 
 namespace fd::kernels {
 namespace {
@@ -16,15 +17,25 @@ size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, sizeof v); }
 
-// Moves a head block's `bytes` of data at `data` between the row layout and the sealed one, by way
-// of scratch: each(move) calls move(at_rows, at_sealed, n) for every run of n bytes, with its
-// offsets in either layout.
-template <class Each>
-void relayout(uint8_t* data, size_t bytes, uint8_t* scratch, bool seal, const Each& each) {
-  std::memcpy(scratch, data, bytes);
-  each([&](size_t at_rows, size_t at_sealed, size_t n) {
-    std::memcpy(data + (seal ? at_sealed : at_rows), scratch + (seal ? at_rows : at_sealed), n);
-  });
+// Moves the keys at `data`, 16-bit elements, between rows [bt][cols] and groups of `group` rows
+// (the last one as many as are left), each [cols][group], by way of scratch.
+void relayout_key_groups(uint8_t* data, size_t cols, size_t bt, size_t group, uint8_t* scratch, bool seal) {
+  std::memcpy(scratch, data, bt * cols * sizeof(uint16_t));
+  const auto* from = reinterpret_cast<const uint16_t*>(scratch);
+  auto* to = reinterpret_cast<uint16_t*>(data);
+  for (size_t start = 0; start < bt; start += group) {
+    const size_t width = std::min(group, bt - start), at = start * cols;
+    if (seal)
+      transpose_u16(from + at, width, cols, cols, to + at, width);
+    else
+      transpose_u16(from + at, cols, width, width, to + at, cols);
+  }
+}
+// Fetches the cache lines of bytes [p, p + n) for writing.
+void fetch_for_write(const uint8_t* p, size_t n) {
+  constexpr size_t kLine = 64;
+  const size_t skip = reinterpret_cast<uintptr_t>(p) % kLine;  // bytes of the first line before p
+  for (size_t at = 0; at < skip + n; at += kLine) __builtin_prefetch(p - skip + at, 1, 3);
 }
 float load_f32(const uint8_t* p) {
   float v;
@@ -74,20 +85,25 @@ class F16Format final : public KvFormatBase {
   }
 
  private:
-  // Keys move element by element, values a chunk row (up to 16 elements) at a time.
+  // Keys are transposed per group, values move a chunk row (up to 16 elements) at a time, by way
+  // of scratch. A whole chunk row is a copy of fixed size, which the compiler inlines: a library
+  // call per row took a third of sealing values.
   static void relayout_f16(KvPart part, uint8_t* hb, size_t hd, size_t bt, uint8_t* scratch, bool seal) {
     constexpr size_t e = sizeof(uint16_t);
-    relayout(hb, bt * hd * e, scratch, seal, [&](const auto& move) {
-      if (part == KvPart::key) {
-        for (size_t t = 0; t < bt; ++t)
-          for (size_t i = 0; i < hd; ++i) move((t * hd + i) * e, detail::f16_sealed_key_index(t, i, hd, bt) * e, e);
-        return;
+    if (part == KvPart::key) return relayout_key_groups(hb, hd, bt, kF16KeyGroup, scratch, seal);
+    std::memcpy(scratch, hb, bt * hd * e);
+    for (size_t c0 = 0; c0 < hd; c0 += kF16ValueChunk) {
+      const size_t width = detail::run_of(c0, kF16ValueChunk, hd).width;
+      for (size_t t = 0; t < bt; ++t) {
+        const size_t at_rows = (t * hd + c0) * e, at_sealed = detail::f16_sealed_value_index(t, c0, hd, bt) * e;
+        uint8_t* to = hb + (seal ? at_sealed : at_rows);
+        const uint8_t* from = scratch + (seal ? at_rows : at_sealed);
+        if (width == kF16ValueChunk)
+          std::memcpy(to, from, kF16ValueChunk * e);
+        else
+          std::memcpy(to, from, width * e);
       }
-      for (size_t c0 = 0; c0 < hd; c0 += kF16ValueChunk)
-        for (size_t t = 0; t < bt; ++t)
-          move((t * hd + c0) * e, detail::f16_sealed_value_index(t, c0, hd, bt) * e,
-               detail::run_of(c0, kF16ValueChunk, hd).width * e);
-    });
+    }
   }
 };
 
@@ -100,19 +116,30 @@ class Q8Format final : public QuantFormatBase {
     return round_up(size_t(bt) * sizeof(float) + round_up(size_t(bt), 4) * size_t(hd), 64);
   }
   void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
-    int8_t q[kMaxHeadDim];
-    const float scale = quantize_row_q8(src, size_t(hd), q);
     auto* data = reinterpret_cast<int8_t*>(hb + size_t(bt) * sizeof(float));
-    if (part == KvPart::key) {
-      std::memcpy(data + detail::q8_key_index(false, size_t(t), 0, size_t(hd), size_t(bt)), q, size_t(hd));
+    float scale;
+    if (part == KvPart::key) {  // quantized in place
+      scale = quantize_row_q8(src, size_t(hd), data + detail::q8_key_index(false, size_t(t), 0, size_t(hd), size_t(bt)));
     } else {
+      int8_t q[kMaxHeadDim];
+      scale = quantize_row_q8(src, size_t(hd), q);
       for (size_t c0 = 0; c0 < size_t(hd); c0 += kQ8ValueChunk) {
-        int8_t* row = data + detail::q8_value_index(size_t(t), c0, size_t(hd), size_t(bt));  // every 4th byte
+        // Every 4th byte, a store each: loading, blending and storing whole words was no faster
+        // (AMD EPYC Zen 3), as the loads wait for lines the stores would not.
+        int8_t* row = data + detail::q8_value_index(size_t(t), c0, size_t(hd), size_t(bt));
         const size_t width = detail::run_of(c0, kQ8ValueChunk, size_t(hd)).width;
         for (size_t i = 0; i < width; ++i) row[4 * i] = q[c0 + i];
       }
     }
     store_f32(hb + size_t(t) * sizeof(float), scale);
+  }
+  void prefetch_row(KvPart part, int hd, int bt, int t, const uint8_t* hb) const override {
+    fetch_for_write(hb + size_t(t) * sizeof(float), sizeof(float));
+    const uint8_t* data = hb + size_t(bt) * sizeof(float);
+    if (part == KvPart::key) return fetch_for_write(data + size_t(t) * size_t(hd), size_t(hd));
+    for (size_t c0 = 0; c0 < size_t(hd); c0 += kQ8ValueChunk)
+      fetch_for_write(data + detail::q8_value_index(size_t(t), c0, size_t(hd), size_t(bt)) - size_t(t) % 4,
+                      4 * detail::run_of(c0, kQ8ValueChunk, size_t(hd)).width);
   }
   void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     if (part == KvPart::key) return detail::q8_decode_key_row(hb, false, size_t(hd), size_t(bt), size_t(t), dst);
@@ -129,12 +156,9 @@ class Q8Format final : public QuantFormatBase {
   }
 
  private:
+  // Element pairs are the transposed 16-bit elements.
   static void relayout_keys(uint8_t* hb, size_t hd, size_t bt, uint8_t* scratch, bool seal) {
-    relayout(hb + bt * sizeof(float), bt * hd, scratch, seal, [&](const auto& move) {
-      for (size_t t = 0; t < bt; ++t)
-        for (size_t i = 0; i < hd; i += 2)
-          move(detail::q8_key_index(false, t, i, hd, bt), detail::q8_key_index(true, t, i, hd, bt), 2);
-    });
+    relayout_key_groups(hb + bt * sizeof(float), hd / 2, bt, kQ8KeyGroup, scratch, seal);
   }
 };
 
@@ -162,6 +186,16 @@ class Q4Format final : public QuantFormatBase {
     }
     for (size_t g = 0; g < groups; ++g)
       std::memcpy(hb + detail::q4_scale_index(size_t(t), g, groups) * sizeof(uint16_t), &scales[g], sizeof(uint16_t));
+  }
+  void prefetch_row(KvPart part, int hd, int bt, int t, const uint8_t* hb) const override {
+    const size_t groups = size_t(hd) / 32;
+    // The row's scales lie kQ4ScaleRows apart, and its key bytes a line apart (4 per line).
+    fetch_for_write(hb + detail::q4_scale_index(size_t(t), 0, groups) * sizeof(uint16_t),
+                    ((groups - 1) * kQ4ScaleRows + 1) * sizeof(uint16_t));
+    const uint8_t* data = hb + detail::q4_data_offset(size_t(bt), groups);
+    if (part == KvPart::value) return fetch_for_write(data + index(part, hd, t, 0) - size_t(t) % 4, 4 * groups * 16);
+    const uint8_t* key = data + index(part, hd, t, 0);
+    for (size_t line = 0; line < groups * 4; ++line) __builtin_prefetch(key + line * kQ4KeyGroup * 4, 1, 3);
   }
   void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     const size_t groups = size_t(hd) / 32;

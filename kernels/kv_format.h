@@ -75,6 +75,12 @@ class KvFormat {
   // Encodes the fp16 row src [head_dim] as row t of a key or value head_block.
   virtual void encode_row(KvPart part, const uint16_t* src, int head_dim, int block_tokens, int t,
                           uint8_t* head_block) const = 0;
+  // Fetches the cache lines that encode_row of row t will write, for writing, so that their misses
+  // overlap other rows' encoding. Quantized rows are stored a few bytes per line (q8 values: 8
+  // lines for hd128, a byte at a time), and the lines of a block a decode step appends to are
+  // seldom still in cache. f16 rows go out with streaming stores and fetch nothing.
+  virtual void prefetch_row(KvPart, int /*head_dim*/, int /*block_tokens*/, int /*t*/,
+                            const uint8_t* /*head_block*/) const {}
   // Decodes row t of a key or value head_block into dst [head_dim] (the values attention reads).
   virtual void decode_row(KvPart part, const uint8_t* head_block, int head_dim, int block_tokens,
                           int t, float* dst) const = 0;

@@ -67,7 +67,6 @@ float QuantizeRowQ8Impl(const uint16_t* x, size_t n, int8_t* q) {
   const hn::Rebind<int8_t, DF> d8;
   const size_t L = hn::Lanes(df);
   HWY_ALIGN float xf[kMaxRow + hn::MaxLanes(DF())];
-  HWY_ALIGN int8_t out[kMaxRow + hn::MaxLanes(DF())];
   const size_t padded = LoadRow(df, x, n, xf);
   const float scale = MaxAbsOrNaN(df, xf, padded) / 127.0f;
   if (scale != scale) {
@@ -75,8 +74,16 @@ float QuantizeRowQ8Impl(const uint16_t* x, size_t n, int8_t* q) {
     return scale;
   }
   const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  for (size_t i = 0; i < padded; i += L) hn::Store(hn::DemoteTo(d8, RoundScaled(df, hn::Load(df, xf + i), inv, 127)), d8, out + i);
-  std::memcpy(q, out, n);
+  // Whole vectors go straight to q and only the tail through a buffer. Copied out of one whole,
+  // the row's 32-byte loads of the 8-byte stores just made stalled (store forwarding): the
+  // quantizer took 46 % of appending q8 rows (hd128).
+  size_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(hn::DemoteTo(d8, RoundScaled(df, hn::Load(df, xf + i), inv, 127)), d8, q + i);
+  if (i < n) {
+    HWY_ALIGN int8_t tail[hn::MaxLanes(DF())];
+    hn::Store(hn::DemoteTo(d8, RoundScaled(df, hn::Load(df, xf + i), inv, 127)), d8, tail);
+    std::memcpy(q + i, tail, n - i);
+  }
   return scale;
 }
 

@@ -177,7 +177,14 @@ void KvStore::append_rows(uint64_t seq, int layer, int pos0, const uint16_t* k, 
     // Blocks are written only through the store, which owns the arena.
     auto* kd = const_cast<uint8_t*>(kb[b]);
     auto* vd = const_cast<uint8_t*>(vb[b]);
+    // The next head's lines are fetched while this one's rows are encoded (KvFormat::prefetch_row).
+    const auto prefetch = [&](int h) {
+      format_->prefetch_row(kernels::KvPart::key, cfg_.head_dim, cfg_.block_tokens, tb, kd + h * head_bytes_);
+      format_->prefetch_row(kernels::KvPart::value, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_bytes_);
+    };
+    prefetch(0);
     for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+      if (h + 1 < cfg_.n_kv_heads) prefetch(h + 1);
       const size_t src = static_cast<size_t>(t) * row + static_cast<size_t>(h) * cfg_.head_dim;
       format_->encode_row(kernels::KvPart::key, k + src, cfg_.head_dim, cfg_.block_tokens, tb, kd + h * head_bytes_);
       format_->encode_row(kernels::KvPart::value, v + src, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_bytes_);
