@@ -349,10 +349,10 @@ StreamResult measure_together(const BenchOptions& o, kernels::ThreadPool& pool, 
 // quantize the rows). As a shard does, a step appends to kSeqs sequences at once over the pool's
 // threads (KvStore::append_batch), and to every layer in turn, in as many layers as --cold-size
 // asks: in decoding, a block's lines have left the cache by the step that appends to it again,
-// and one hot layer timed q8/q4 without the misses that dominate there (AMD EPYC Zen 3, one core,
-// hd128, 1024 sequences against 64: 2-3x the time). Averaged over block_tokens such steps, so that
-// every block is sealed once (f16 transposes its keys then); the median of 3 rounds after a first
-// that also faults the pages in.
+// and one layer stayed in cache, without the misses that dominate there (AMD EPYC Zen 3, one core,
+// hd128, before 8c4a13b: 1024 sequences took 1.7-2.4x the time of 64). Averaged over block_tokens
+// such steps, so that every block is sealed once (f16 transposes its keys then); the median of 3
+// rounds after a first that also faults the pages in.
 double append_us(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, kernels::ThreadPool& pool) {
   constexpr int kSeqs = 64;
   if (!kernels::kv_format(dtype).supports(head_dim)) return 0.0;
