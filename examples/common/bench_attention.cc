@@ -216,6 +216,12 @@ size_t layer_kv_bytes(const BenchOptions& o, kernels::KvDtype dtype, int head_di
          batch;
 }
 
+// Layers of layer_bytes each that --cold-size asks for (1 to 64), read or written in turn so that,
+// as in decoding, a layer's KV has left the cache by its next turn.
+int cold_layers(const BenchOptions& o, size_t layer_bytes) {
+  return static_cast<int>(std::clamp<size_t>((o.cold_bytes + layer_bytes - 1) / layer_bytes, 1, 64));
+}
+
 // Whether a case runs: its dtype holds head_dim and its KV fits --max-kv.
 bool case_fits(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int ctx, int batch) {
   return kernels::kv_format(dtype).supports(head_dim) &&
@@ -232,7 +238,7 @@ class AttentionCase {
     // Decoding reads every layer's KV once per step: with more KV than the last-level cache holds,
     // each layer comes from memory. One layer read over and over would stay in a large cache
     // (480 MiB of L3 on the machine this was written on) and beat the stream bandwidth.
-    const int layers = static_cast<int>(std::clamp<size_t>((o.cold_bytes + kv_bytes_ - 1) / kv_bytes_, 1, 64));
+    const int layers = cold_layers(o, kv_bytes_);
     store_ = std::make_unique<KvStore>(store_config(o, dtype, head_dim, layers, blocks * batch));
 
     std::mt19937 rng(static_cast<uint32_t>(ctx * 131 + head_dim));  // the same rows for every dtype
@@ -356,8 +362,7 @@ StreamResult measure_together(const BenchOptions& o, kernels::ThreadPool& pool, 
 double append_us(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, kernels::ThreadPool& pool) {
   constexpr int kSeqs = 64;
   if (!kernels::kv_format(dtype).supports(head_dim)) return 0.0;
-  const size_t layer_bytes = layer_kv_bytes(o, dtype, head_dim, o.block_tokens, kSeqs);
-  const int layers = static_cast<int>(std::clamp<size_t>((o.cold_bytes + layer_bytes - 1) / layer_bytes, 1, 64));
+  const int layers = cold_layers(o, layer_kv_bytes(o, dtype, head_dim, o.block_tokens, kSeqs));
   KvStore store(store_config(o, dtype, head_dim, layers, kSeqs));
   std::mt19937 rng(static_cast<uint32_t>(head_dim));
   const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
