@@ -50,12 +50,20 @@ namespace hn = hwy::HWY_NAMESPACE;
 // GQA 4, and on AMD EPYC (Zen 5) prefetchnta was mixed there (GQA 1 +1-6 %, GQA 4 -4 to -13 %).
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
 
-// K and V bytes fetched ahead of the visit being read. AMD EPYC (Zen 3), 2 threads, from memory,
-// A/B in one process (40-60 alternating passes, median time ratios), two visits ahead against
-// one: hd64 GQA 4 read 1.02-1.08x as fast (8 sets, ctx 512/4096, batch 16/64), GQA 1 and 2
-// 0.94-1.03x (10 sets, 7 of them at 0.99-1.03), GQA 8 0.99x; hd128 (whose visits are twice as
-// long) 0.99-1.03x at GQA 4, and three ahead no better than two.
-constexpr size_t kFetchAheadBytes = size_t(32) << 10;
+// K and V bytes fetched ahead of the visit being read: 32 KiB on AMD, 16 elsewhere, so that hd64
+// (16 KiB of K and V per visit at 64-token blocks) fetches two visits ahead on AMD and one on
+// Intel, and hd128 one on both.
+// - AMD EPYC (Zen 3), 2 threads, from memory, A/B in one process (40-60 alternating passes,
+//   median time ratios), two visits ahead against one: hd64 GQA 4 read 1.02-1.08x as fast (8
+//   sets, ctx 512/4096, batch 16/64), GQA 1 and 2 0.94-1.03x (10 sets, 7 of them at 0.99-1.03),
+//   GQA 8 0.99x; hd128 0.99-1.03x at GQA 4, and three ahead no better than two.
+// - Intel Xeon (AVX-512 FP16, L1 48 KiB, 2 of its cores), hd64, ctx 512/4096 x batch 16/64, two
+//   sets of 5 and 6 alternating runs: one visit ahead read 0.98-1.17x as fast as two (14 of 16
+//   set medians above 1; GQA 1 ctx 4096 1.05-1.17x, GQA 4 1.00-1.08x). The builds before and
+//   after, 5 alternating runs of the same 16 shapes with hd128 too: hd64's fraction of the stream
+//   read 1.02-1.09x (medians), hd128's (which did not change) 0.99-1.03x. In 4 runs of ctx 4096
+//   batch 16, 64 and 128 KiB ahead read 0.99-1.10x as fast as 32, inside that host's noise.
+HWY_INLINE size_t FetchAheadBytes() { return __builtin_cpu_is("amd") ? size_t(32) << 10 : size_t(16) << 10; }
 
 // How a tile's share of the next visit's rows is cut between its phases: tenths of the K fetched
 // while its keys are scored (the rest while its softmax is folded), and of the V fetched while
@@ -421,9 +429,8 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
     BeginTile(tiles[i], kv_heads[i], head_bytes, hd, st[i]);
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
-  // Visits ahead whose rows are fetched: about kFetchAheadBytes of K and V, so two for hd64 at
-  // 64-token blocks and one for hd128.
-  for_each_block_visit(blocks, n_tiles, visits_ahead(kFetchAheadBytes, head_bytes), [&](int i, size_t b, int ai, size_t ab) {
+  // Visits ahead whose rows are fetched: about FetchAheadBytes() of K and V, one at least.
+  for_each_block_visit(blocks, n_tiles, visits_ahead(FetchAheadBytes(), head_bytes), [&](int i, size_t b, int ai, size_t ab) {
     // Fetched for every tile, also for one query per kv head, which computes so little per
     // byte that its speed is how well the reads are prefetched. On AMD EPYC (Zen 3), 2 threads,
     // ctx 512-4096, batch 16-64, A/B medians of 3: GQA 1 read 0.73-1.03 of the stream bandwidth
