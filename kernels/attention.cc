@@ -67,19 +67,31 @@ HWY_INLINE size_t FetchAheadBytes() { return __builtin_cpu_is("amd") ? size_t(32
 
 // How a tile's share of the next visit's rows is cut between its phases: tenths of the K fetched
 // while its keys are scored (the rest while its softmax is folded), and of the V fetched while
-// folding (the rest while its values are summed).
+// scoring and while folding (the rest while its values are summed).
 struct FetchSplit {
-  size_t key_tenths_scoring, value_tenths_folding;
+  size_t key_tenths_scoring, value_tenths_scoring, value_tenths_folding;
 };
 // For tiles of up to four queries. Fetching nothing while folding, memory idled through the fold,
 // about a sixth of GQA 4's time. AMD EPYC (Zen 3), 2 threads, from memory, A/B in one process (40
-// alternating passes over 4 layers, median time ratios) against {10, 0}: hd64 GQA 4 ctx 4096
-// batch 16 1.12x as fast (other splits with K 5-8 and V 0-3 1.01-1.11x, V 4 1.02x), batch 64
-// 1.10x, ctx 512 batch 64 1.10x, GQA 1 1.09x, GQA 2 1.08x; hd128 (fetched with prefetchnta then,
-// see WideHeadFetch) GQA 4 0.98-1.05x in 6 sets, GQA 1 1.03-1.05x. GQA 8 read 0.97x as fast, so
-// tiles of more queries keep {10, 0}.
-constexpr FetchSplit kFetchWhileFolding = {7, 3};
-constexpr FetchSplit kFetchOutsideFold = {10, 0};
+// alternating passes over 4 layers, median time ratios) against {10, 0, 0}: hd64 GQA 4 ctx 4096
+// batch 16 1.12x as fast (other splits with K 5-8 and V 0-3 while folding 1.01-1.11x, V 4 1.02x),
+// batch 64 1.10x, ctx 512 batch 64 1.10x, GQA 1 1.09x, GQA 2 1.08x; hd128 (fetched with
+// prefetchnta then, see WideHeadFetch) GQA 4 0.98-1.05x in 6 sets, GQA 1 1.03-1.05x. GQA 8 read
+// 0.97x as fast, so tiles of more queries keep {10, 0, 0}.
+constexpr FetchSplit kFetchWhileFolding = {7, 0, 3};
+constexpr FetchSplit kFetchOutsideFold = {10, 0, 0};
+// The same with 3 tenths of V fetched while scoring too, for tiles of up to four queries off AMD
+// (not measured on AMD). Intel Xeon (AVX-512 FP16, 2 of its cores), from memory, one build
+// switching between the two, GQA 4, hd64/128 x ctx 512/4096 x batch 16/64, 5 alternating runs:
+// 1.03-1.10x the fraction of the stream read (medians; hd64 1.04-1.10x); GQA 1 0.99-1.00x (5
+// runs). All the V fetched before the value sums, as the quantized kernels do there (K 10, V 5
+// and 5), read 0.84-0.94x as fast, and 5 tenths of V while scoring 0.95-1.03x.
+constexpr FetchSplit kFetchWhileScoringToo = {7, 3, 3};
+
+HWY_INLINE FetchSplit FetchSplitFor(int nq) {
+  if (nq > 4) return kFetchOutsideFold;
+  return __builtin_cpu_is("amd") ? kFetchWhileFolding : kFetchWhileScoringToo;
+}
 
 // prefetchnta on AMD, prefetcht1 elsewhere. fastdecode-bench attention --head-dim 128 --kv-dtype
 // f16 --ctx 512,4096 --batch 16,64, 2 alternating runs, GB/s:
@@ -328,6 +340,7 @@ struct TileState {
   // For the next visit's rows. Set once per tile: deriving it from head_bytes inside AttendBlock
   // instead read hd128 GQA 4 5 % slower (1063-1087 against 1135-1144 tokens/s, A/B).
   FetchTo fetch_to = FetchTo::kL1;
+  FetchSplit split = kFetchOutsideFold;  // set once per tile, as fetch_to
 };
 
 template <int NQ>
@@ -345,6 +358,7 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
   st.fetch_to = 4 * head_bytes > kL1FetchBytes ? WideHeadFetch(NQ) : FetchTo::kL1;
+  st.split = FetchSplitFor(NQ);
 }
 
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
@@ -374,23 +388,27 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     const int n = std::min(kTileT, block_end - t0);
     const size_t rows_begin = tb * row_bytes, rows_end = (tb + static_cast<size_t>(n)) * row_bytes;
     // The next visit's rows [rows_begin, rows_end) of K and of V, cut between the tile's phases.
-    constexpr FetchSplit split = NQ <= 4 ? kFetchWhileFolding : kFetchOutsideFold;
+    const FetchSplit& split = st.split;
     const size_t k_cut = CutTenths(rows_begin, rows_end, split.key_tenths_scoring);
-    const size_t v_cut = CutTenths(rows_begin, rows_end, split.value_tenths_folding);
+    const size_t v_cut0 = CutTenths(rows_begin, rows_end, split.value_tenths_scoring);
+    const size_t v_cut = CutTenths(rows_begin, rows_end, split.value_tenths_scoring + split.value_tenths_folding);
     if (sealed) {
-      PacedPrefetch next_keys(kn, rows_begin, k_cut, ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd),
-                              st.fetch_to);
-      ScoreKeys<NQ>(dt, kt, tb, static_cast<size_t>(n), bt, st.qs, hd, st.s, next_keys);
+      const size_t steps = ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd);
+      FetchBoth while_scoring{PacedPrefetch(kn, rows_begin, k_cut, steps, st.fetch_to),
+                              PacedPrefetch(vn, rows_begin, v_cut0, steps, st.fetch_to)};
+      ScoreKeys<NQ>(dt, kt, tb, static_cast<size_t>(n), bt, st.qs, hd, st.s, while_scoring);
     } else {
-      PacedPrefetch next_keys(kn, rows_begin, k_cut, TileRowSteps<NQ>(n), st.fetch_to);
-      ScoreTileRows<NQ>(d, kr, tb, n, st.qs, hd, st.s, next_keys);
+      const size_t steps = TileRowSteps<NQ>(n);
+      FetchBoth while_scoring{PacedPrefetch(kn, rows_begin, k_cut, steps, st.fetch_to),
+                              PacedPrefetch(vn, rows_begin, v_cut0, steps, st.fetch_to)};
+      ScoreTileRows<NQ>(d, kr, tb, n, st.qs, hd, st.s, while_scoring);
     }
     MaskInvisible<NQ>(st.s, tile.limit, st.min_limit, t0, n);
     // Only the lanes that hold the tile's n keys: a short context or a block's last keys do not
     // pay for the exponentials of a whole tile.
     const size_t LT = hn::Lanes(dt), used = (static_cast<size_t>(n) + LT - 1) / LT * LT;
     FetchBoth while_folding{PacedPrefetch(kn, k_cut, rows_end, used / LT, st.fetch_to),
-                            PacedPrefetch(vn, rows_begin, v_cut, used / LT, st.fetch_to)};
+                            PacedPrefetch(vn, v_cut0, v_cut, used / LT, st.fetch_to)};
     SoftmaxFoldTiles<NQ>(dt, d, st.s, n, used, st.m, st.l, st.acc, hd, while_folding);
     // Paced every kFetchRows rows of each pass. With one slice per pass, up to 32 lines left at
     // once, and the loads stalled behind them. AMD EPYC (Zen 3), 2 threads, ctx 512/4096 x batch
