@@ -392,15 +392,13 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     const size_t k_cut = CutTenths(rows_begin, rows_end, split.key_tenths_scoring);
     const size_t v_cut0 = CutTenths(rows_begin, rows_end, split.value_tenths_scoring);
     const size_t v_cut = CutTenths(rows_begin, rows_end, split.value_tenths_scoring + split.value_tenths_folding);
+    const size_t scoring_steps =
+        sealed ? ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd) : TileRowSteps<NQ>(n);
+    FetchBoth while_scoring{PacedPrefetch(kn, rows_begin, k_cut, scoring_steps, st.fetch_to),
+                            PacedPrefetch(vn, rows_begin, v_cut0, scoring_steps, st.fetch_to)};
     if (sealed) {
-      const size_t steps = ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd);
-      FetchBoth while_scoring{PacedPrefetch(kn, rows_begin, k_cut, steps, st.fetch_to),
-                              PacedPrefetch(vn, rows_begin, v_cut0, steps, st.fetch_to)};
       ScoreKeys<NQ>(dt, kt, tb, static_cast<size_t>(n), bt, st.qs, hd, st.s, while_scoring);
     } else {
-      const size_t steps = TileRowSteps<NQ>(n);
-      FetchBoth while_scoring{PacedPrefetch(kn, rows_begin, k_cut, steps, st.fetch_to),
-                              PacedPrefetch(vn, rows_begin, v_cut0, steps, st.fetch_to)};
       ScoreTileRows<NQ>(d, kr, tb, n, st.qs, hd, st.s, while_scoring);
     }
     MaskInvisible<NQ>(st.s, tile.limit, st.min_limit, t0, n);
