@@ -962,23 +962,36 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   FoldDenominators<NQ>(dt, df, vsum, m_new, st.m, st.l, st.acc, hd);
 }
 
+// Whether a tile also fetches a share of the next visit while its values are summed. Without
+// VNNI every format does: its value sums (pmaddubsw) are several times longer, and with no fetch
+// there one core's time from memory was its time with KV in cache plus the read's, as if nothing
+// overlapped. AMD EPYC (Zen 3, AVX2), ctx 4096, batch 16, two copies at once, one core each, cores
+// swapped, geometric means of 8 pairs (q8: 6): q4 hd128 GQA 1 1.46x as fast, GQA 4 1.23x, hd64
+// 1.19x and 1.04x; q8 hd64 GQA 1 1.35x, GQA 4 0.96x. 2 threads, medians of 3 alternating runs,
+// GB/s (batch 16, 64): q4 hd128 GQA 1 11.1 -> 15.0, 11.4 -> 15.9; q8 hd64 GQA 1 13.6 -> 17.3,
+// 12.5 -> 15.6, GQA 4 10.7 -> 12.9, 12.0 -> 12.1.
+// With VNNI on AMD EPYC (Zen 5), only q8 with head_dim >= 128, whose value sums are the longest:
+// ctx 4096, batch 16, GQA 4, two copies at once, one core each, cores swapped: 1.13-1.23x as fast
+// in 4 pairs; 2 threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s (batch 64: 30.5 ->
+// 37.4); q8 hd64 and q4 read 0.88-1.00x as fast with it.
+// With VNNI elsewhere, every format: Intel Xeon (AVX-512 VNNI, 2 of its cores), ctx 4096, one
+// build switching between the two, 5 alternating runs, medians of the fraction of the stream
+// read: q4 batch 16 hd64 GQA 1 0.76 -> 0.90 and 0.93, GQA 4 0.58 -> 0.65 and 0.66, hd128 GQA 1
+// 0.79 -> 0.89 and 0.93, GQA 4 0.69 -> 0.79 and 0.79 (two sets); q8 hd64 GQA 1 0.93-0.96 ->
+// 1.05-1.08, GQA 4 0.85-0.86 -> 0.92-0.95 (batch 16 and 64).
+template <bool kQ4>
+HWY_INLINE bool FetchWhileSumming(size_t hd) {
+  if (!FD_X86_VNNI || !__builtin_cpu_is("amd")) return true;
+  return !kQ4 && hd >= 128;
+}
+
 // Streaming softmax over the visible keys of block b in tiles of kTileT keys that start at
 // multiples of kTileT within the block: per tile, score every key once for all NQ queries, fold the
 // tile into the running max / denominator, then read each value row once. kn, vn: the K and V
 // rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps), a
 // tile's share of them cut between its phases (NextShare). A prefetch waits for a free L1 miss
-// buffer, and memory idles through a phase that fetches nothing. q8 with head_dim >= 128, whose
-// value sums are the longest, also fetches while summing: ctx 4096, batch 16, GQA 4 (AMD EPYC
-// Zen 5), two copies at once, one core each, cores swapped: 1.13-1.23x as fast in 4 pairs; 2
-// threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s (batch 64: 30.5 -> 37.4). With VNNI,
-// q8 hd64 and q4 keep the fetch out of the value sums: with it, their pairs read 0.88-1.00x as fast.
-// Without VNNI every format fetches while summing: its value sums (pmaddubsw) are several times
-// longer, and with no fetch there one core's time from memory was its time with KV in cache plus
-// the read's, as if nothing overlapped. AMD EPYC (Zen 3, AVX2), ctx 4096, batch 16, two copies at
-// once, one core each, cores swapped, geometric means of 8 pairs (q8: 6): q4 hd128 GQA 1 1.46x as
-// fast, GQA 4 1.23x, hd64 1.19x and 1.04x; q8 hd64 GQA 1 1.35x, GQA 4 0.96x. 2 threads, medians
-// of 3 alternating runs, GB/s (batch 16, 64): q4 hd128 GQA 1 11.1 -> 15.0, 11.4 -> 15.9; q8 hd64
-// GQA 1 13.6 -> 17.3, 12.5 -> 15.6, GQA 4 10.7 -> 12.9, 12.0 -> 12.1.
+// buffer, and memory idles through a phase that fetches nothing (FetchWhileSumming says whether
+// the value sums fetch).
 // DK: the key tag (q4: bytes, four per key; q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
@@ -997,7 +1010,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const uint8_t* kd = kb + data_off;
   const uint8_t* vd = vb + data_off;
   const bool sealed = !kQ4 && (b + 1) * bt <= static_cast<size_t>(kv.len) && detail::q8_seals_keys(hd);
-  const bool fetch_while_summing = !FD_X86_VNNI || (!kQ4 && hd >= 128);
+  const bool fetch_while_summing = FetchWhileSumming<kQ4>(hd);
   TileWeights<NQ> tw;  // the current tile's value weights
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
@@ -1091,7 +1104,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
           }
         });
       };
-      // With VNNI (AMD EPYC Zen 5), a fetch in the loop, even of nothing, read hd64 GQA 4 11 % slower.
+      // With VNNI on AMD EPYC (Zen 5), a fetch in the loop, even of nothing, read hd64 GQA 4 11 % slower.
       SumWithFetch(next, fetch_while_summing, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads), sum);
     }
   }
