@@ -178,6 +178,30 @@ HWY_INLINE V DotWords(V acc, V a, V b) {
   asm("%{evex%} vpdpwssd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
   return acc;
 }
+// Bytes of q4 values, two nibbles each, as the signed bytes the value sums take: the low nibble
+// - 8 by one vpermb over a table of (i & 15) - 8 (the index bits beyond the table are ignored),
+// and 16 * (high nibble - 8) = (b & 0xF0) ^ 0x80 by one vpternlogd, whose sums are then 16 times
+// the high nibbles'. Shifting, masking and subtracting took five instructions for the two, against
+// 16 vpdpbusd at GQA 4.
+HWY_INLINE __m128i NibbleTable() {
+  return _mm_set_epi64x(0x0706050403020100LL, static_cast<long long>(0xFFFEFDFCFBFAF9F8ULL));
+}
+HWY_INLINE __m128i LowNibblesLess8(__m128i b) { return _mm_permutexvar_epi8(b, NibbleTable()); }
+HWY_INLINE __m256i LowNibblesLess8(__m256i b) {
+  return _mm256_permutexvar_epi8(b, _mm256_broadcastsi128_si256(NibbleTable()));
+}
+HWY_INLINE __m512i LowNibblesLess8(__m512i b) {
+  return _mm512_permutexvar_epi8(b, _mm512_broadcast_i32x4(NibbleTable()));
+}
+HWY_INLINE __m128i HighNibblesLess8x16(__m128i b) {
+  return _mm_ternarylogic_epi32(b, _mm_set1_epi8(-16), _mm_set1_epi8(-128), 0x6A);  // (b & 0xF0) ^ 0x80
+}
+HWY_INLINE __m256i HighNibblesLess8x16(__m256i b) {
+  return _mm256_ternarylogic_epi32(b, _mm256_set1_epi8(-16), _mm256_set1_epi8(-128), 0x6A);
+}
+HWY_INLINE __m512i HighNibblesLess8x16(__m512i b) {
+  return _mm512_ternarylogic_epi32(b, _mm512_set1_epi8(-16), _mm512_set1_epi8(-128), 0x6A);
+}
 #undef FD_X86_VNNI
 #define FD_X86_VNNI 1
 #else
@@ -721,12 +745,12 @@ struct TileWeights {
   float factor[NQ][kMaxGroups];
 };
 
-// The weights w (all >= 0, w * inv <= levels up to rounding) as integers in [0, levels]; rounds
-// to nearest by adding 2^23, whose fp32 ulp is 1.
+// The weights p * inv (p >= 0 and p * inv <= levels up to rounding) as integers in [0, levels];
+// rounds to nearest by adding 2^23, whose fp32 ulp is 1.
 template <class DT>
-HWY_INLINE hn::Vec<hn::RebindToSigned<DT>> RoundWeights(DT dt, hn::Vec<DT> w, float inv) {
+HWY_INLINE hn::Vec<hn::RebindToSigned<DT>> RoundWeights(DT dt, hn::Vec<DT> p, hn::Vec<DT> inv) {
   const hn::RebindToSigned<DT> di;
-  const auto r = hn::MulAdd(w, hn::Set(dt, inv), hn::Set(dt, 8388608.0f));
+  const auto r = hn::MulAdd(p, inv, hn::Set(dt, 8388608.0f));
   return hn::Sub(hn::BitCast(di, r), hn::Set(di, 0x4B000000));
 }
 
@@ -812,6 +836,32 @@ HWY_INLINE void AccumulateQuadsQ8(DF df, const int8_t* vd, size_t hd, size_t bt,
   }
 }
 
+// The nibbles of q4 value bytes b (four rows' bytes per int32 lane) as signed bytes: lo = low
+// nibble - 8, hi = (high nibble - 8) * 2^kQ4HighShift, so that the sums of hi are 2^kQ4HighShift
+// times the high nibbles' (with VNNI; see HighNibblesLess8x16).
+#if FD_X86_VNNI
+constexpr int kQ4HighShift = 4;
+#else
+constexpr int kQ4HighShift = 0;
+#endif
+template <class D8, class VI>
+HWY_INLINE void SplitNibbles(D8 d8, hn::Vec<D8> b, VI& lo, VI& hi) {
+  const hn::DFromV<VI> d32;
+#if FD_X86_VNNI
+  (void)d8;
+  lo = hn::BitCast(d32, hn::Vec<D8>{LowNibblesLess8(b.raw)});
+  hi = hn::BitCast(d32, hn::Vec<D8>{HighNibblesLess8x16(b.raw)});
+#else
+  const hn::RebindToSigned<D8> di8;
+  const hn::Repartition<uint16_t, D8> du16;
+  const auto low = hn::Set(d8, 15);
+  const auto eight = hn::Set(di8, 8);
+  const auto nib_hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(du16, b))), low);
+  lo = hn::BitCast(d32, hn::Sub(hn::BitCast(di8, hn::And(b, low)), eight));
+  hi = hn::BitCast(d32, hn::Sub(hn::BitCast(di8, nib_hi), eight));
+#endif
+}
+
 // Quads of q4 values whose int16 pair sums stay exact without VNNI (see AccumulateQuadsQ4): the
 // most quads one call of it may sum.
 constexpr int kQ4Int16Quads = 8;
@@ -824,7 +874,6 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
                                   const TileWeights<NQ>& tw, size_t u0, float (*acc)[kMaxHeadDim]) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<uint8_t, decltype(d32)> d8;
-  const hn::Repartition<uint16_t, decltype(d32)> du16;
   using VI = hn::Vec<decltype(d32)>;
   const size_t L = hn::Lanes(df);
   const size_t per_group = 16 / L;
@@ -850,18 +899,13 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
   for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) a[u][0][j] = a[u][1][j] = hn::Zero(hn::DFromV<VA>());
-  const auto low = hn::Set(d8, 15);
-  const hn::RebindToSigned<decltype(d8)> di8;
-  const auto eight = hn::Set(di8, 8);
   for (int k = k0; k < k1; ++k) {
     const uint8_t* quad = quads + static_cast<size_t>(k) * groups * 64;
     VI lo[CU], hi[CU];
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) {
       const auto b = hn::LoadU(d8, quad + g[u] * 64 + at[u] * 4);
-      const auto nib_hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(du16, b))), low);
-      lo[u] = hn::BitCast(d32, hn::Sub(hn::BitCast(di8, hn::And(b, low)), eight));
-      hi[u] = hn::BitCast(d32, hn::Sub(hn::BitCast(di8, nib_hi), eight));
+      SplitNibbles(d8, b, lo[u], hi[u]);
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j)
@@ -869,6 +913,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
       for (int u = 0; u < CU; ++u) {
         const VI w = QuadWeights(d32, tw, j, g[u], k);
 #if FD_Q4_INT16_SUMS
+        const hn::RebindToSigned<decltype(d8)> di8;
         a[u][0][j] = hn::Add(a[u][0][j], MulPairs(d8, hn::BitCast(d8, w), hn::BitCast(di8, lo[u])));
         a[u][1][j] = hn::Add(a[u][1][j], MulPairs(d8, hn::BitCast(d8, w), hn::BitCast(di8, hi[u])));
 #else
@@ -885,10 +930,11 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
       for (int h = 0; h < 2; ++h) {
         float* out = acc[j] + g[u] * 32 + at[u] + 16 * h;
 #if FD_Q4_INT16_SUMS
-        const VI sums = SumPairs(d32, a[u][h][j]);
+        VI sums = SumPairs(d32, a[u][h][j]);
 #else
-        const VI sums = a[u][h][j];
+        VI sums = a[u][h][j];
 #endif
+        if (h == 1) sums = hn::ShiftRight<kQ4HighShift>(sums);  // exact: multiples of 2^kQ4HighShift
         hn::Store(hn::MulAdd(f, hn::ConvertTo(df, sums), hn::Load(df, out)), df, out);
       }
     }
@@ -909,9 +955,9 @@ struct QuantTileState {
 // The online-softmax step of SoftmaxFoldTiles (kernels/attention-inl.h) over the tile's scores
 // st.s [NQ][kTileT] (the first n real), fused with the rounding of the value weights tw
 // (RoundWeights) of `groups` scale groups, whose scales of the tile's keys are scale[g][chunk]
-// and their largest smax[g]. A query's largest weight in the tile, exp(tile max - new max), is
-// known before the exponentials, so each weight is rounded as it is computed: rounded in a pass of
-// their own, the stored weights took about 16 % of int4 hd64 GQA 4. AMD EPYC (Zen 5), KV in L2
+// and their largest smax[g]. A query's largest weight in the tile is known before the
+// exponentials, so each weight is rounded as it is computed: rounded in a pass of their own, the
+// stored weights took about 16 % of int4 hd64 GQA 4. AMD EPYC (Zen 5), KV in L2
 // (ctx 512, batch 2), two copies at once, one core each, cores swapped, 4 pairs: GQA 4 1.02x
 // (q4 hd64) to 1.07x (q4 and q8 hd128) as fast, GQA 1 0.99-1.03x. The exponentials are the coarse
 // ones (ExpNonPositive<true>, 1.3e-4 relative error), far finer than the 8-bit rounding.
@@ -923,41 +969,48 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   const hn::RebindToSigned<DT> di;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const size_t LT = hn::Lanes(dt);
-  float tile_max[NQ], m_new[NQ], inv[NQ][kMaxGroups];
+  float tile_max[NQ], m_new[NQ];
   TileMaxima<NQ>(dt, st.s, n, kTileT, st.m, tile_max, m_new);
-  VT vm[NQ], vsum[NQ];
+  // The weights are rounded relative to each query's largest in the tile and each group's
+  // largest scale: w = exp(s - tile max) * scale * levels / smax[g], and the factor scales by
+  // exp(tile max - m_new) * smax[g] / levels afterwards. Rounded relative to exp(tile max - m_new)
+  // instead, every weight waited for that exponential and the divisions by it, a chain of about
+  // 8 % of int4 hd64 GQA 4 (one core, KV in L2, Intel Xeon), and paid a multiply per query and group.
+  VT vt[NQ], vsum[NQ];
   for (int j = 0; j < NQ; ++j) {
-    // A query that sees no key yet gets weights of zero.
-    vm[j] = hn::Set(dt, m_new[j] == neg_inf ? 0.0f : m_new[j]);
+    // A query that sees no key of the tile gets weights of zero.
+    vt[j] = hn::Set(dt, tile_max[j] == neg_inf ? 0.0f : tile_max[j]);
     vsum[j] = hn::Zero(dt);
-    // The same expression as the weights' below, so that the largest of them is exactly this.
-    const float pmax = m_new[j] == neg_inf ? 0.0f : hn::GetLane(ExpNonPositive<true>(dt, hn::Sub(hn::Set(dt, tile_max[j]), vm[j])));
-    for (size_t g = 0; g < groups; ++g) {
-      const float bound = pmax * smax[g];
-      tw.factor[j][g] = bound / kWeightLevels<kQ4>;
-      inv[j][g] = bound > 0.0f ? kWeightLevels<kQ4> / bound : 0.0f;  // 0 for a NaN scale's group
-    }
   }
+  float inv[kMaxGroups];  // levels / smax[g], 0 for a NaN scale's group
+  for (size_t g = 0; g < groups; ++g) inv[g] = smax[g] > 0.0f ? kWeightLevels<kQ4> / smax[g] : 0.0f;
   for (int c = 0; c < C; ++c) {
     fetch.Next();
     const size_t t = static_cast<size_t>(c) * LT;
     VT p[NQ];
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
-      p[j] = ExpNonPositive<true>(dt, hn::Sub(hn::Load(dt, st.s[j] + t), vm[j]));  // exp(-inf) = 0
+      p[j] = ExpNonPositive<true>(dt, hn::Sub(hn::Load(dt, st.s[j] + t), vt[j]));  // exp(-inf) = 0
       vsum[j] = hn::Add(vsum[j], p[j]);
     }
-    for (size_t g = 0; g < groups; ++g)
+    for (size_t g = 0; g < groups; ++g) {
+      const VT w = hn::Mul(scale[g][c], hn::Set(dt, inv[g]));
 #pragma GCC unroll 2
       for (int set = 0; set < TileWeights<NQ>::kSets; ++set) {
         hn::Vec<decltype(di)> k[4];
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
           const int j = std::min(4 * set + i, NQ - 1);
-          k[i] = 4 * set + i < NQ ? RoundWeights(dt, hn::Mul(p[j], scale[g][c]), inv[j][g]) : hn::Zero(di);
+          k[i] = 4 * set + i < NQ ? RoundWeights(dt, p[j], w) : hn::Zero(di);
         }
         StoreQuadWords(di, k, tw.u[g][set][t / 4][0]);
       }
+    }
+  }
+  for (int j = 0; j < NQ; ++j) {
+    const float pmax = m_new[j] == neg_inf ? 0.0f : std::exp(tile_max[j] - m_new[j]);
+    vsum[j] = hn::Mul(vsum[j], hn::Set(dt, pmax));
+    for (size_t g = 0; g < groups; ++g) tw.factor[j][g] = pmax * smax[g] / kWeightLevels<kQ4>;
   }
   FoldDenominators<NQ>(dt, df, vsum, m_new, st.m, st.l, st.acc, hd);
 }
