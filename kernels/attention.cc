@@ -65,32 +65,34 @@ constexpr size_t kL1FetchBytes = size_t(32) << 10;
 //   batch 16, 64 and 128 KiB ahead read 0.99-1.10x as fast as 32, inside that host's noise.
 HWY_INLINE size_t FetchAheadBytes() { return __builtin_cpu_is("amd") ? size_t(32) << 10 : size_t(16) << 10; }
 
-// How a tile's share of the next visit's rows is cut between its phases: tenths of the K fetched
-// while its keys are scored (the rest while its softmax is folded), and of the V fetched while
-// scoring and while folding (the rest while its values are summed).
+// How a tile's share of the next visit's rows is cut between its phases: tenths of the K and of
+// the V fetched while its keys are scored and while its softmax is folded; the rest of each while
+// its values are summed.
 struct FetchSplit {
-  size_t key_tenths_scoring, value_tenths_scoring, value_tenths_folding;
+  size_t key_tenths_scoring, key_tenths_folding, value_tenths_scoring, value_tenths_folding;
 };
 // For tiles of up to four queries. Fetching nothing while folding, memory idled through the fold,
 // about a sixth of GQA 4's time. AMD EPYC (Zen 3), 2 threads, from memory, A/B in one process (40
-// alternating passes over 4 layers, median time ratios) against {10, 0, 0}: hd64 GQA 4 ctx 4096
+// alternating passes over 4 layers, median time ratios) against {10, 0, 0, 0}: hd64 GQA 4 ctx 4096
 // batch 16 1.12x as fast (other splits with K 5-8 and V 0-3 while folding 1.01-1.11x, V 4 1.02x),
 // batch 64 1.10x, ctx 512 batch 64 1.10x, GQA 1 1.09x, GQA 2 1.08x; hd128 (fetched with
 // prefetchnta then, see WideHeadFetch) GQA 4 0.98-1.05x in 6 sets, GQA 1 1.03-1.05x. GQA 8 read
-// 0.97x as fast, so tiles of more queries keep {10, 0, 0}.
-constexpr FetchSplit kFetchWhileFolding = {7, 0, 3};
-constexpr FetchSplit kFetchOutsideFold = {10, 0, 0};
-// The same with 3 tenths of V fetched while scoring too, for tiles of up to four queries off AMD
-// (not measured on AMD). Intel Xeon (AVX-512 FP16, 2 of its cores), from memory, one build
-// switching between the two, GQA 4, hd64/128 x ctx 512/4096 x batch 16/64, 5 alternating runs:
-// 1.03-1.10x the fraction of the stream read (medians; hd64 1.04-1.10x); GQA 1 0.99-1.00x (5
-// runs). All the V fetched before the value sums, as the quantized kernels do there (K 10, V 5
-// and 5), read 0.84-0.94x as fast, and 5 tenths of V while scoring 0.95-1.03x.
-constexpr FetchSplit kFetchWhileScoringToo = {7, 3, 3};
+// 0.97x as fast, so tiles of more queries keep {10, 0, 0, 0}.
+constexpr FetchSplit kFetchWhileFolding = {7, 3, 0, 3};
+constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
+// Off AMD (not measured on AMD), for tiles of up to four queries: a share of both the K and the V
+// in every phase. Intel Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx 4096 batch 16, 4
+// layers, 537 MB), two builds in one process, 30 alternating passes each, median ratio of adjacent
+// passes against {7, 3, 3, 3} (which had read 1.03-1.10x as fast as {7, 3, 0, 3} at GQA 4 there):
+// hd64 GQA 4 1.076 (quartiles 1.06-1.09), GQA 1 1.078, hd128 GQA 4 1.098, GQA 1 1.099; ctx 512
+// batch 64 hd64 GQA 4 1.052. Other splits with K while summing, hd64 GQA 4: {5, 2, 3, 3}
+// 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06, {6, 2, 3, 3} 1.04; 13 splits
+// with none read 0.85-1.04.
+constexpr FetchSplit kFetchInAllPhases = {4, 2, 3, 3};
 
 HWY_INLINE FetchSplit FetchSplitFor(int nq) {
   if (nq > 4) return kFetchOutsideFold;
-  return __builtin_cpu_is("amd") ? kFetchWhileFolding : kFetchWhileScoringToo;
+  return __builtin_cpu_is("amd") ? kFetchWhileFolding : kFetchInAllPhases;
 }
 
 // prefetchnta on AMD, prefetcht1 elsewhere. fastdecode-bench attention --head-dim 128 --kv-dtype
@@ -389,12 +391,13 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     const size_t rows_begin = tb * row_bytes, rows_end = (tb + static_cast<size_t>(n)) * row_bytes;
     // The next visit's rows [rows_begin, rows_end) of K and of V, cut between the tile's phases.
     const FetchSplit& split = st.split;
-    const size_t k_cut = CutTenths(rows_begin, rows_end, split.key_tenths_scoring);
+    const size_t k_cut0 = CutTenths(rows_begin, rows_end, split.key_tenths_scoring);
+    const size_t k_cut = CutTenths(rows_begin, rows_end, split.key_tenths_scoring + split.key_tenths_folding);
     const size_t v_cut0 = CutTenths(rows_begin, rows_end, split.value_tenths_scoring);
     const size_t v_cut = CutTenths(rows_begin, rows_end, split.value_tenths_scoring + split.value_tenths_folding);
     const size_t scoring_steps =
         sealed ? ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd) : TileRowSteps<NQ>(n);
-    FetchBoth while_scoring{PacedPrefetch(kn, rows_begin, k_cut, scoring_steps, st.fetch_to),
+    FetchBoth while_scoring{PacedPrefetch(kn, rows_begin, k_cut0, scoring_steps, st.fetch_to),
                             PacedPrefetch(vn, rows_begin, v_cut0, scoring_steps, st.fetch_to)};
     if (sealed) {
       ScoreKeys<NQ>(dt, kt, tb, static_cast<size_t>(n), bt, st.qs, hd, st.s, while_scoring);
@@ -405,7 +408,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     // Only the lanes that hold the tile's n keys: a short context or a block's last keys do not
     // pay for the exponentials of a whole tile.
     const size_t LT = hn::Lanes(dt), used = (static_cast<size_t>(n) + LT - 1) / LT * LT;
-    FetchBoth while_folding{PacedPrefetch(kn, k_cut, rows_end, used / LT, st.fetch_to),
+    FetchBoth while_folding{PacedPrefetch(kn, k_cut0, k_cut, used / LT, st.fetch_to),
                             PacedPrefetch(vn, v_cut0, v_cut, used / LT, st.fetch_to)};
     SoftmaxFoldTiles<NQ>(dt, d, st.s, n, used, st.m, st.l, st.acc, hd, while_folding);
     // Paced every kFetchRows rows of each pass. With one slice per pass, up to 32 lines left at
@@ -413,9 +416,9 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     // 16/64, A/B medians of 5: GQA 1 read 0.88-0.97 of the stream bandwidth instead of 0.70-0.91,
     // GQA 4 0.66-0.78 instead of 0.54-0.60 (hd128 GQA 4 11.2-11.6 -> 13.5-14.4 GB/s). Every row
     // cost GQA 4 hd128 20 % against every fourth.
-    PacedPrefetch next_values(vn, v_cut, rows_end,
-                              CountPasses<CB, 4>(hd, L) * static_cast<size_t>((n + kFetchRows - 1) / kFetchRows),
-                              st.fetch_to);
+    const size_t value_steps = CountPasses<CB, 4>(hd, L) * static_cast<size_t>((n + kFetchRows - 1) / kFetchRows);
+    FetchBoth next_values{PacedPrefetch(k_cut < rows_end ? kn : nullptr, k_cut, rows_end, value_steps, st.fetch_to),
+                          PacedPrefetch(vn, v_cut, rows_end, value_steps, st.fetch_to)};
     const auto add_values = [&](const auto& rows) HWY_ATTR {
       ForEachPass<CB, 4>(hd, L, [&](size_t c, auto width) {
         AccumulateRows<NQ, decltype(width)::value>(d, rows, tb, n, st.s, c, st.acc, next_values);
