@@ -86,7 +86,7 @@ constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
 // passes against {7, 3, 3, 3} (which had read 1.03-1.10x as fast as {7, 3, 0, 3} at GQA 4 there):
 // hd64 GQA 4 1.076 (quartiles 1.06-1.09), GQA 1 1.078, hd128 GQA 4 1.098, GQA 1 1.099; ctx 512
 // batch 64 hd64 GQA 4 1.052. Other splits with K while summing, hd64 GQA 4: {5, 2, 3, 3}
-// 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06, {6, 2, 3, 3} 1.04; 13 splits
+// 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06, {6, 2, 3, 3} 1.04; 11 splits
 // with none read 0.85-1.04.
 constexpr FetchSplit kFetchInAllPhases = {4, 2, 3, 3};
 
