@@ -92,13 +92,14 @@ enum class FetchTo { kL1, kL2, kNonTemporal };
 
 // Fetches bytes [begin, end) after base into the cache over `slices` calls of Next(), the same
 // number of lines per call (the last calls may fetch none), so that the requests do not arrive in
-// one burst; a null base fetches nothing.
+// one burst; a null base, or a range of no line, fetches nothing and costs Next() one test.
 class PacedPrefetch {
  public:
   PacedPrefetch(const uint8_t* base, size_t begin, size_t end, size_t slices, FetchTo to = FetchTo::kL1)
       : base_(base), at_(begin / 64 * 64), end_(end), to_(to) {
     const size_t lines = end > at_ ? (end - at_ + 63) / 64 : 0;
     per_ = slices > 0 ? std::max<size_t>(1, (lines + slices - 1) / slices) : lines;
+    if (lines == 0) base_ = nullptr;
   }
   HWY_INLINE void Next() {
     if (base_ == nullptr) return;

@@ -417,7 +417,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     // GQA 4 0.66-0.78 instead of 0.54-0.60 (hd128 GQA 4 11.2-11.6 -> 13.5-14.4 GB/s). Every row
     // cost GQA 4 hd128 20 % against every fourth.
     const size_t value_steps = CountPasses<CB, 4>(hd, L) * static_cast<size_t>((n + kFetchRows - 1) / kFetchRows);
-    FetchBoth next_values{PacedPrefetch(k_cut < rows_end ? kn : nullptr, k_cut, rows_end, value_steps, st.fetch_to),
+    FetchBoth next_values{PacedPrefetch(kn, k_cut, rows_end, value_steps, st.fetch_to),
                           PacedPrefetch(vn, v_cut, rows_end, value_steps, st.fetch_to)};
     const auto add_values = [&](const auto& rows) HWY_ATTR {
       ForEachPass<CB, 4>(hd, L, [&](size_t c, auto width) {
