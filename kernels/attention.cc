@@ -65,6 +65,29 @@ constexpr size_t kL1FetchBytes = size_t(32) << 10;
 //   batch 16, 64 and 128 KiB ahead read 0.99-1.10x as fast as 32, inside that host's noise.
 HWY_INLINE size_t FetchAheadBytes() { return __builtin_cpu_is("amd") ? size_t(32) << 10 : size_t(16) << 10; }
 
+// Visits beyond the fetched one whose 4 KiB pages TouchPages starts early, off AMD, for head
+// blocks fetched into L1 (hd64 at 64-token blocks): the L2 streamer, which stops at every page,
+// then has the rest of each page on its way before the visit's lines are fetched into L1. Intel
+// Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx 4096, batch 16, 4 layers), two builds in
+// one process, 40-50 alternating passes each, median ratio of adjacent passes: hd64 GQA 4 1.037
+// and 1.054 (quartiles 1.003-1.073, 1.011-1.114; 1 or 3 visits, or 3 lines a page, 1.032-1.039,
+// prefetcht2 1.022), GQA 1 1.066 and 1.045, ctx 512 batch 64 GQA 4 1.008; hd128, whose fetch goes
+// to L2 already (WideHeadFetch), GQA 4 0.972, GQA 1 1.028.
+HWY_INLINE int PageTouchVisits(size_t head_bytes) {
+  return !__builtin_cpu_is("amd") && 4 * head_bytes <= kL1FetchBytes ? 2 : 0;
+}
+
+// Fetches the first two lines of each 4 KiB page of [p, p + bytes) into L2: two ascending misses
+// start the L2 streamer on the page.
+HWY_INLINE void TouchPages(const uint8_t* p, size_t bytes) {
+  constexpr uintptr_t kPage = 4096;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  for (uintptr_t at = begin & ~uintptr_t(63); at < end; at = (at & ~(kPage - 1)) + kPage) {
+    __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 2);  // prefetcht1
+    __builtin_prefetch(reinterpret_cast<const void*>(at + 64), 0, 2);
+  }
+}
+
 // How a tile's share of the next visit's rows is cut between its phases: tenths of the K and of
 // the V fetched while its keys are scored and while its softmax is folded; the rest of each while
 // its values are summed.
@@ -449,7 +472,13 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
   // Visits ahead whose rows are fetched: about FetchAheadBytes() of K and V, one at least.
-  for_each_block_visit(blocks, n_tiles, visits_ahead(FetchAheadBytes(), head_bytes), [&](int i, size_t b, int ai, size_t ab) {
+  const int ahead = visits_ahead(FetchAheadBytes(), head_bytes);
+  const int touch = PageTouchVisits(head_bytes);
+  for_each_block_visit(blocks, n_tiles, ahead, touch > 0 ? ahead + touch : 0, [&](int i, size_t b, int ai, size_t ab, int ti, size_t tb) {
+    if (ti >= 0) {
+      TouchPages(Bytes(kv.k[tb]) + st[ti].head_off, head_bytes);
+      TouchPages(Bytes(kv.v[tb]) + st[ti].head_off, head_bytes);
+    }
     // Fetched for every tile, also for one query per kv head, which computes so little per
     // byte that its speed is how well the reads are prefetched. On AMD EPYC (Zen 3), 2 threads,
     // ctx 512-4096, batch 16-64, A/B medians of 3: GQA 1 read 0.73-1.03 of the stream bandwidth

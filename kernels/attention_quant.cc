@@ -1188,7 +1188,7 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
   // Small heads (q4) are fetched further ahead: about kPrefetchBytes of K and V in flight.
-  for_each_block_visit(blocks, n_tiles, visits_ahead(kPrefetchBytes, head_bytes), [&](int i, size_t b, int ai, size_t ab) {
+  for_each_block_visit(blocks, n_tiles, visits_ahead(kPrefetchBytes, head_bytes), 0, [&](int i, size_t b, int ai, size_t ab, int, size_t) {
     const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
     const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
     AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
