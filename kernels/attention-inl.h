@@ -253,7 +253,6 @@ HWY_INLINE hn::Vec<D> ExpNonPositiveScalef(D d, hn::Vec<D> x) {
 //   alternating runs, medians: int4 hd64 GQA 4 20.2 -> 23.3 and 20.7 -> 24.3 GB/s, GQA 1 33.7 ->
 //   41.5 and 37.2 -> 42.7; int8 hd64 GQA 4 33.8 -> 40.3 and 35.6 -> 40.8; hd128 within +-6 %.
 // AVX-512 targets take ExpNonPositiveScalef for it.
-
 template <bool kCoarse = false, class D>
 HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
 #if HWY_TARGET <= HWY_AVX3
