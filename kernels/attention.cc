@@ -174,22 +174,6 @@ constexpr int RowsPerPass() {
   return NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;
 }
 
-// out[j] = sum of the lanes of a[j]. Four vectors at a time are transposed-and-added within
-// each 128-bit block, then the blocks are folded: about a third of the work of four reductions.
-template <int NQ, class D>
-HWY_INLINE void LaneSums(D d, const hn::Vec<D>* a, float* out) {
-  int j = 0;
-#if HWY_TARGET != HWY_SCALAR
-  if constexpr (NQ >= 4 && hn::MaxLanes(D()) >= 4) {
-    for (; j + 4 <= NQ; j += 4) {
-      const auto sums = FoldBlocks(d, Sum4InBlocks(d, a[j], a[j + 1], a[j + 2], a[j + 3]));
-      hn::StoreU(sums, hn::DFromV<decltype(sums)>(), out + j);
-    }
-  }
-#endif
-  for (; j < NQ; ++j) out[j] = hn::GetLane(hn::SumOfLanes(d, a[j]));
-}
-
 // sums[p * NQ + j] = q_j . k_(row0 + p) for TP consecutive key rows: each q chunk is loaded
 // once for TP rows, and the TP * NQ accumulators are independent FMA chains.
 template <int NQ, int TP, class Rows, class D>

@@ -1010,8 +1010,10 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
       }
     }
   }
+  float pmaxs[NQ];
+  ExpOfDifferences<NQ>(tile_max, m_new, pmaxs);
   for (int j = 0; j < NQ; ++j) {
-    const float pmax = m_new[j] == neg_inf ? 0.0f : std::exp(tile_max[j] - m_new[j]);
+    const float pmax = pmaxs[j];
     vsum[j] = hn::Mul(vsum[j], hn::Set(dt, pmax));
     for (size_t g = 0; g < groups; ++g) tw.factor[j][g] = pmax * smax[g] / kWeightLevels<kQ4>;
   }
