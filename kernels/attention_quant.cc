@@ -203,12 +203,45 @@ HWY_INLINE __m256i HighNibblesLess8x16(__m256i b) {
 HWY_INLINE __m512i HighNibblesLess8x16(__m512i b) {
   return _mm512_ternarylogic_epi32(b, _mm512_set1_epi8(-16), _mm512_set1_epi8(-128), 0x6A);
 }
+// The high nibble of every byte of b, (b >> 4) & 15, in one vgf2p8affineqb (each byte's bits
+// mapped by an 8x8 matrix over GF(2); its row for result bit i picks bit i + 4) instead of a shift
+// of words and a mask: the q4 keys' nibbles. GFNI is not among the extensions Highway checks for
+// this target, so KeyNibblesByGfni checks it at run time. Intel Xeon (AVX-512 VNNI), 2 threads,
+// two builds in one process, median ratios of 120-300 adjacent passes: int4 hd64 GQA 1 1.035x as
+// fast with the KV in cache and 1.018x from memory, hd128 GQA 1 1.011x, hd64 GQA 4 1.003-1.009x.
+constexpr long long kHighNibbleMatrix = 0x1020408000000000LL;
+HWY_INLINE __m128i HighNibbles(__m128i b) {
+  __m128i r;
+  asm("vgf2p8affineqb $0, %[m], %[b], %[r]" : [r] "=v"(r) : [m] "v"(_mm_set1_epi64x(kHighNibbleMatrix)), [b] "v"(b));
+  return r;
+}
+HWY_INLINE __m256i HighNibbles(__m256i b) {
+  __m256i r;
+  asm("vgf2p8affineqb $0, %[m], %[b], %[r]" : [r] "=v"(r) : [m] "v"(_mm256_set1_epi64x(kHighNibbleMatrix)), [b] "v"(b));
+  return r;
+}
+HWY_INLINE __m512i HighNibbles(__m512i b) {
+  __m512i r;
+  asm("vgf2p8affineqb $0, %[m], %[b], %[r]" : [r] "=v"(r) : [m] "v"(_mm512_set1_epi64(kHighNibbleMatrix)), [b] "v"(b));
+  return r;
+}
+HWY_INLINE bool KeyNibblesByGfni() { return __builtin_cpu_supports("gfni"); }
 #undef FD_X86_VNNI
 #define FD_X86_VNNI 1
 #else
+HWY_INLINE bool KeyNibblesByGfni() { return false; }
 #undef FD_X86_VNNI
 #define FD_X86_VNNI 0
 #endif
+
+// b >> 4 per byte (the q4 keys' high nibbles), by HighNibbles where kGfni.
+template <bool kGfni, class V8>
+HWY_INLINE V8 KeyHighNibbles(V8 b) {
+#if FD_X86_VNNI
+  if constexpr (kGfni) return V8{HighNibbles(b.raw)};
+#endif
+  return hn::ShiftRight<4>(b);
+}
 
 // q4 value sums kept in int16 (AccumulateQuadsQ4), which bounds the quads summed per call.
 #undef FD_Q4_INT16_SUMS
@@ -422,7 +455,8 @@ constexpr int Q4KeyVectors() {
 // at `data`, scales at `scales`, kv_format.h) for W vectors of K = Lanes(d32) keys, which lie in
 // one key group each. A vector holds four bytes of K keys, so every int32 lane of the dot
 // products sums into one key: no horizontal sums. fetch.Next() once per scale group.
-template <int NP, int W, class D8, class Fetch>
+// kGfni: the high nibbles by HighNibbles (KeyNibblesByGfni).
+template <int NP, int W, bool kGfni, class D8, class Fetch>
 HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t key, size_t hd,
                                   const QuantQueryQ4* qq, float (*s)[kTileT], size_t col, Fetch& fetch) {
   const hn::RebindToSigned<D8> di8;
@@ -481,7 +515,7 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
 #pragma GCC unroll 8
       for (int w = 0; w < W; ++w) {
         const auto b = hn::LoadU(d8, k0[w] + step * 4 * kQ4KeyGroup);
-        const auto lo = hn::And(b, hn::Set(d8, 15)), hi = hn::ShiftRight<4>(b);
+        const auto lo = hn::And(b, hn::Set(d8, 15)), hi = KeyHighNibbles<kGfni>(b);
 #pragma GCC unroll 4
         for (int j = 0; j < NP; ++j) {
 #if FD_Q4_INT16_SUMS
@@ -524,7 +558,7 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
 // scoring phase of `next` is fetched meanwhile, paced by the first pass. Not inlined: in a
 // function of its own the loop keeps its pointers in registers (inlined into AttendBlockQuant,
 // the old row-major q4 loop spilled them).
-template <int NQ, class D8>
+template <int NQ, bool kGfni, class D8>
 HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t tb, size_t n, size_t hd,
                               const QuantQueryQ4* qq, float (*s)[kTileT], const NextShare& next) {
   const hn::Repartition<int32_t, D8> d32;
@@ -536,8 +570,8 @@ HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales
   };
   const auto score = [&](auto np, size_t j0, auto& fetch) HWY_ATTR {
     walk(np, [&](size_t t, auto width) HWY_ATTR {
-      ScoreKeyVectorsQ4<decltype(np)::value, decltype(width)::value>(d8, data, scales, tb + t, hd, qq + j0, s + j0,
-                                                                      t, fetch);
+      ScoreKeyVectorsQ4<decltype(np)::value, decltype(width)::value, kGfni>(d8, data, scales, tb + t, hd, qq + j0,
+                                                                             s + j0, t, fetch);
     });
   };
   const std::integral_constant<int, (NQ < kQ4PassQ ? NQ : kQ4PassQ)> first;
@@ -1069,6 +1103,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const uint8_t* vd = vb + data_off;
   const bool sealed = !kQ4 && (b + 1) * bt <= static_cast<size_t>(kv.len) && detail::q8_seals_keys(hd);
   const bool fetch_while_summing = FetchWhileSumming<kQ4>(hd);
+  const bool gfni = KeyNibblesByGfni();
   TileWeights<NQ> tw;  // the current tile's value weights
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
@@ -1081,8 +1116,12 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
                           static_cast<size_t>(n), bt, hd, st.qq, st.s, next);
     } else if constexpr (kQ4) {
-      ScoreTileQ4<NQ>(dk, kd, reinterpret_cast<const uint16_t*>(kb), tb, static_cast<size_t>(n), hd, st.qq, st.s,
-                      next);
+      const auto* ks = reinterpret_cast<const uint16_t*>(kb);
+      if (FD_X86_VNNI && gfni) {
+        ScoreTileQ4<NQ, FD_X86_VNNI != 0>(dk, kd, ks, tb, static_cast<size_t>(n), hd, st.qq, st.s, next);
+      } else {
+        ScoreTileQ4<NQ, false>(dk, kd, ks, tb, static_cast<size_t>(n), hd, st.qq, st.s, next);
+      }
     } else {
       FetchBoth next_keys = next.Phase(0, static_cast<size_t>(n + 3) / 4);
       for (int t = 0; t < n; t += 4) {
