@@ -28,17 +28,25 @@ HWY_INLINE const uint8_t* Bytes(const P* p) {
   return static_cast<const uint8_t*>(static_cast<const void*>(p));
 }
 
-// The lane-wise combinations the reductions below take.
+// The lane-wise combinations the reductions below take, and each one's reduction of a whole vector.
 struct AddOp {
   template <class V>
   HWY_INLINE V operator()(V a, V b) const {
     return hn::Add(a, b);
+  }
+  template <class D>
+  static HWY_INLINE hn::Vec<D> OfLanes(D d, hn::Vec<D> v) {
+    return hn::SumOfLanes(d, v);
   }
 };
 struct MaxOp {
   template <class V>
   HWY_INLINE V operator()(V a, V b) const {
     return hn::Max(a, b);
+  }
+  template <class D>
+  static HWY_INLINE hn::Vec<D> OfLanes(D d, hn::Vec<D> v) {
+    return hn::MaxOfLanes(d, v);
   }
 };
 
@@ -57,7 +65,7 @@ HWY_INLINE auto FoldBlocks(D d, hn::Vec<D> v, Op op = {}) {
 
 // Lane i of block b of the result = op over the lanes of block b of a_i (4-lane blocks).
 template <class Op = AddOp, class D>
-HWY_INLINE hn::Vec<D> Sum4InBlocks(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3, Op op = {}) {
+HWY_INLINE hn::Vec<D> Combine4InBlocks(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3, Op op = {}) {
   const hn::Repartition<uint64_t, D> d64;
   const auto x01 = op(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
   const auto x23 = op(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
@@ -73,24 +81,18 @@ HWY_INLINE hn::Vec<D> Sum4InBlocks(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D>
 // (FoldDenominators) took about 17 % of the samples in int4 hd64 GQA 4's per-block loop (Intel
 // Xeon, AVX-512, KV in cache).
 template <int NQ, class Op = AddOp, class D>
-HWY_INLINE void LaneSums(D d, const hn::Vec<D>* a, float* out, Op op = {}) {
+HWY_INLINE void ReduceLanes(D d, const hn::Vec<D>* a, float* out, Op op = {}) {
   (void)op;
   int j = 0;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (NQ >= 4 && hn::MaxLanes(D()) >= 4) {
     for (; j + 4 <= NQ; j += 4) {
-      const auto r = FoldBlocks(d, Sum4InBlocks(d, a[j], a[j + 1], a[j + 2], a[j + 3], op), op);
+      const auto r = FoldBlocks(d, Combine4InBlocks(d, a[j], a[j + 1], a[j + 2], a[j + 3], op), op);
       hn::StoreU(r, hn::DFromV<decltype(r)>(), out + j);
     }
   }
 #endif
-  for (; j < NQ; ++j) {
-    if constexpr (std::is_same_v<Op, MaxOp>) {
-      out[j] = hn::GetLane(hn::MaxOfLanes(d, a[j]));
-    } else {
-      out[j] = hn::GetLane(hn::SumOfLanes(d, a[j]));
-    }
-  }
+  for (; j < NQ; ++j) out[j] = hn::GetLane(Op::OfLanes(d, a[j]));
 }
 
 // Vectors of keys scored per pass: the largest power of two w with w * nq sums at most `sums` and
@@ -345,17 +347,7 @@ HWY_INLINE void TileMaxima(DT dt, SRow* HWY_RESTRICT s, int n, size_t tile, cons
   for (size_t t = LT; t < tile; t += LT)
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) vmax[j] = hn::Max(vmax[j], hn::Load(dt, s[j] + t));
-  LaneSums<NQ>(dt, vmax, tile_max, MaxOp());
-#if HWY_TARGET != HWY_SCALAR
-  if constexpr (NQ % 4 == 0) {
-    // In vectors, so that ExpOfDifferences loads m_new from vector stores (from scalar ones, a
-    // vector load waits for them to reach the cache).
-    const hn::Full128<float> d4;
-    for (int j = 0; j < NQ; j += 4)
-      hn::StoreU(hn::Max(hn::LoadU(d4, m + j), hn::LoadU(d4, tile_max + j)), d4, m_new + j);
-    return;
-  }
-#endif
+  ReduceLanes<NQ>(dt, vmax, tile_max, MaxOp());
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j) m_new[j] = std::max(m[j], tile_max[j]);
 }
@@ -389,7 +381,7 @@ HWY_INLINE void FoldDenominators(DT dt, D d, const hn::Vec<DT>* vsum, const floa
                                  AccRow* HWY_RESTRICT acc, size_t hd) {
   const size_t L = hn::Lanes(d);
   float sums[NQ];
-  LaneSums<NQ>(dt, vsum, sums);
+  ReduceLanes<NQ>(dt, vsum, sums);
   for (int j = 0; j < NQ; ++j) {
     if (m_new[j] == -std::numeric_limits<float>::infinity()) continue;
     const float corr = m[j] == m_new[j] ? 1.0f : std::exp(m[j] - m_new[j]);

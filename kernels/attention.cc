@@ -192,7 +192,7 @@ HWY_INLINE void ScoreRows(D d, const Rows& kr, size_t row0, const float (*qs)[kM
 #pragma GCC unroll 4
     for (int p = 0; p < TP; ++p)
       for (size_t c = 0; c < hd; c += L) a[p] = hn::MulAdd(hn::Load(d, qs[0] + c), kr.Load(d, row0 + p, c), a[p]);
-    return LaneSums<TP * NQ>(d, a, sums);
+    return ReduceLanes<TP * NQ>(d, a, sums);
   }
 #pragma GCC unroll 2
   for (size_t c = 0; c < hd; c += L) {
@@ -206,7 +206,7 @@ HWY_INLINE void ScoreRows(D d, const Rows& kr, size_t row0, const float (*qs)[kM
       for (int p = 0; p < TP; ++p) a[p * NQ + j] = hn::MulAdd(qv, k[p], a[p * NQ + j]);
     }
   }
-  LaneSums<TP * NQ>(d, a, sums);
+  ReduceLanes<TP * NQ>(d, a, sums);
 }
 
 // s[j][t] = q_j . k_(tb + t) for the keys t in [0, n) of a tile whose keys are stored row by row
@@ -457,8 +457,9 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
   }
   // Visits ahead whose rows are fetched: about FetchAheadBytes() of K and V, one at least.
   const int ahead = visits_ahead(FetchAheadBytes(), head_bytes);
-  const int touch = PageTouchVisits(head_bytes);
-  for_each_block_visit(blocks, n_tiles, ahead, touch > 0 ? ahead + touch : 0, [&](int i, size_t b, int ai, size_t ab, int ti, size_t tb) {
+  const int touch_beyond = PageTouchVisits(head_bytes);
+  const int touch = touch_beyond > 0 ? ahead + touch_beyond : 0;  // visits ahead whose pages are touched
+  for_each_block_visit(blocks, n_tiles, ahead, touch, [&](int i, size_t b, int ai, size_t ab, int ti, size_t tb) {
     if (ti >= 0) {
       TouchPages(Bytes(kv.k[tb]) + st[ti].head_off, head_bytes);
       TouchPages(Bytes(kv.v[tb]) + st[ti].head_off, head_bytes);

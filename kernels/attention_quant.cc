@@ -203,26 +203,16 @@ HWY_INLINE __m256i HighNibblesLess8x16(__m256i b) {
 HWY_INLINE __m512i HighNibblesLess8x16(__m512i b) {
   return _mm512_ternarylogic_epi32(b, _mm512_set1_epi8(-16), _mm512_set1_epi8(-128), 0x6A);
 }
-// The high nibble of every byte of b, (b >> 4) & 15, in one vgf2p8affineqb (each byte's bits
-// mapped by an 8x8 matrix over GF(2); its row for result bit i picks bit i + 4) instead of a shift
-// of words and a mask: the q4 keys' nibbles. GFNI is not among the extensions Highway checks for
+// The q4 keys' high nibbles, (b >> 4) & 15 per byte, in one vgf2p8affineqb (KeyHighNibbles)
+// instead of a shift of words and a mask. GFNI is not among the extensions Highway checks for
 // this target, so KeyNibblesByGfni checks it at run time. Intel Xeon (AVX-512 VNNI), 2 threads,
 // two builds in one process, median ratios of 120-300 adjacent passes: int4 hd64 GQA 1 1.035x as
 // fast with the KV in cache and 1.018x from memory, hd128 GQA 1 1.011x, hd64 GQA 4 1.003-1.009x.
-constexpr long long kHighNibbleMatrix = 0x1020408000000000LL;
-HWY_INLINE __m128i HighNibbles(__m128i b) {
-  __m128i r;
-  asm("vgf2p8affineqb $0, %[m], %[b], %[r]" : [r] "=v"(r) : [m] "v"(_mm_set1_epi64x(kHighNibbleMatrix)), [b] "v"(b));
-  return r;
-}
-HWY_INLINE __m256i HighNibbles(__m256i b) {
-  __m256i r;
-  asm("vgf2p8affineqb $0, %[m], %[b], %[r]" : [r] "=v"(r) : [m] "v"(_mm256_set1_epi64x(kHighNibbleMatrix)), [b] "v"(b));
-  return r;
-}
-HWY_INLINE __m512i HighNibbles(__m512i b) {
-  __m512i r;
-  asm("vgf2p8affineqb $0, %[m], %[b], %[r]" : [r] "=v"(r) : [m] "v"(_mm512_set1_epi64(kHighNibbleMatrix)), [b] "v"(b));
+// AffineBytes maps each byte of b by the 8x8 bit matrices m (one per 8 bytes) over GF(2).
+template <class V>
+HWY_INLINE V AffineBytes(V b, V m) {
+  V r;
+  asm("vgf2p8affineqb $0, %[m], %[b], %[r]" : [r] "=v"(r) : [m] "v"(m), [b] "v"(b));
   return r;
 }
 HWY_INLINE bool KeyNibblesByGfni() { return __builtin_cpu_supports("gfni"); }
@@ -234,11 +224,15 @@ HWY_INLINE bool KeyNibblesByGfni() { return false; }
 #define FD_X86_VNNI 0
 #endif
 
-// b >> 4 per byte (the q4 keys' high nibbles), by HighNibbles where kGfni.
+// b >> 4 per byte (the q4 keys' high nibbles), by AffineBytes where kGfni: its matrix's row for
+// result bit i picks bit i + 4.
 template <bool kGfni, class V8>
 HWY_INLINE V8 KeyHighNibbles(V8 b) {
 #if FD_X86_VNNI
-  if constexpr (kGfni) return V8{HighNibbles(b.raw)};
+  if constexpr (kGfni) {
+    const hn::Repartition<int64_t, hn::DFromV<V8>> d64;
+    return V8{AffineBytes(b.raw, hn::BitCast(hn::DFromV<V8>(), hn::Set(d64, 0x1020408000000000LL)).raw)};
+  }
 #endif
   return hn::ShiftRight<4>(b);
 }
@@ -455,7 +449,7 @@ constexpr int Q4KeyVectors() {
 // at `data`, scales at `scales`, kv_format.h) for W vectors of K = Lanes(d32) keys, which lie in
 // one key group each. A vector holds four bytes of K keys, so every int32 lane of the dot
 // products sums into one key: no horizontal sums. fetch.Next() once per scale group.
-// kGfni: the high nibbles by HighNibbles (KeyNibblesByGfni).
+// kGfni: the high nibbles by vgf2p8affineqb (KeyNibblesByGfni).
 template <int NP, int W, bool kGfni, class D8, class Fetch>
 HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t key, size_t hd,
                                   const QuantQueryQ4* qq, float (*s)[kTileT], size_t col, Fetch& fetch) {
@@ -632,7 +626,7 @@ HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* 
     for (int j = 0; j < NQ; ++j) {
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) a[j][i] = hn::Add(a[j][i], a1[j][i]);
-      const auto r = hn::BitCast(d4i, FoldBlocks(d32, Sum4InBlocks(d32, a[j][0], a[j][1], a[j][2], a[j][3])));
+      const auto r = hn::BitCast(d4i, FoldBlocks(d32, Combine4InBlocks(d32, a[j][0], a[j][1], a[j][2], a[j][3])));
       hn::StoreU(hn::Mul(hn::ConvertTo(d4, r), hn::Mul(rs, hn::Set(d4, qq[j].qscale))), d4, s[j] + col);
     }
   }
@@ -1117,7 +1111,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
                           static_cast<size_t>(n), bt, hd, st.qq, st.s, next);
     } else if constexpr (kQ4) {
       const auto* ks = reinterpret_cast<const uint16_t*>(kb);
-      if (FD_X86_VNNI && gfni) {
+      if (gfni) {  // never off AVX3_DL (KeyNibblesByGfni)
         ScoreTileQ4<NQ, FD_X86_VNNI != 0>(dk, kd, ks, tb, static_cast<size_t>(n), hd, st.qq, st.s, next);
       } else {
         ScoreTileQ4<NQ, false>(dk, kd, ks, tb, static_cast<size_t>(n), hd, st.qq, st.s, next);
@@ -1229,7 +1223,8 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
   // Small heads (q4) are fetched further ahead: about kPrefetchBytes of K and V in flight.
-  for_each_block_visit(blocks, n_tiles, visits_ahead(kPrefetchBytes, head_bytes), 0, [&](int i, size_t b, int ai, size_t ab, int, size_t) {
+  const int ahead = visits_ahead(kPrefetchBytes, head_bytes);
+  for_each_block_visit(blocks, n_tiles, ahead, 0, [&](int i, size_t b, int ai, size_t ab, int, size_t) {
     const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
     const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
     AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
