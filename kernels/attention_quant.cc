@@ -1071,6 +1071,20 @@ HWY_INLINE bool FetchWhileSumming(size_t hd) {
   return !kQ4 && hd >= 128;
 }
 
+// What every block of a group's heads shares: worked out once per group, not per block.
+struct GroupShape {
+  size_t head_bytes;         // one kv head's block of K (or V)
+  size_t data_off;           // from a head block's start to its data (kv_format.h)
+  size_t pf_pace;            // one row's share of the head's bytes, for the fetch ahead
+  bool fetch_while_summing;  // FetchWhileSumming
+  bool gfni;                 // KeyNibblesByGfni
+};
+template <bool kQ4>
+HWY_INLINE GroupShape GroupShapeOf(size_t head_bytes, size_t bt, size_t hd) {
+  return {head_bytes, kQ4 ? detail::q4_data_offset(bt, hd / 32) : bt * sizeof(float), (head_bytes + bt - 1) / bt,
+          FetchWhileSumming<kQ4>(hd), KeyNibblesByGfni()};
+}
+
 // Streaming softmax over the visible keys of block b in tiles of kTileT keys that start at
 // multiples of kTileT within the block: per tile, score every key once for all NQ queries, fold the
 // tile into the running max / denominator, then read each value row once. kn, vn: the K and V
@@ -1080,15 +1094,15 @@ HWY_INLINE bool FetchWhileSumming(size_t hd) {
 // the value sums fetch).
 // DK: the key tag (q4: bytes, four per key; q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
-HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, size_t head_bytes,
+HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, const GroupShape& gs,
                                  size_t b, size_t hd, QuantTileState<kQ4, NQ>& st, const uint8_t* kn,
                                  const uint8_t* vn) {
   const hn::CappedTag<float, kQ4ScaleRows> dt;
   const size_t L = hn::Lanes(df);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   const size_t groups = hd / 32;
-  const size_t data_off = kQ4 ? detail::q4_data_offset(bt, groups) : bt * sizeof(float);
-  const size_t pf_pace = (head_bytes + bt - 1) / bt;  // one row's share of the head's bytes
+  const size_t data_off = gs.data_off, pf_pace = gs.pf_pace;
+  const bool fetch_while_summing = gs.fetch_while_summing, gfni = gs.gfni;
 
   const uint8_t* kb = Bytes(kv.k[b]) + st.head_off;
   const uint8_t* vb = Bytes(kv.v[b]) + st.head_off;
@@ -1096,14 +1110,12 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const uint8_t* kd = kb + data_off;
   const uint8_t* vd = vb + data_off;
   const bool sealed = !kQ4 && (b + 1) * bt <= static_cast<size_t>(kv.len) && detail::q8_seals_keys(hd);
-  const bool fetch_while_summing = FetchWhileSumming<kQ4>(hd);
-  const bool gfni = KeyNibblesByGfni();
   TileWeights<NQ> tw;  // the current tile's value weights
   for (size_t tb = 0; tb < bn; tb += kTileT) {
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
-    const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
+    const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? gs.head_bytes : (tb + n) * pf_pace;
     const NextShare next(kn, vn, pf_begin, pf_end, SplitOfFetch<NQ>(fetch_while_summing));
     if (sealed) {
       if constexpr (!kQ4)
@@ -1222,12 +1234,13 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
     st[i].head_off = static_cast<size_t>(kv_heads[i]) * head_bytes;
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
+  const GroupShape gs = GroupShapeOf<kQ4>(head_bytes, bt, hd);
   // Small heads (q4) are fetched further ahead: about kPrefetchBytes of K and V in flight.
   const int ahead = visits_ahead(kPrefetchBytes, head_bytes);
   for_each_block_visit(blocks, n_tiles, ahead, 0, [&](int i, size_t b, int ai, size_t ab, int, size_t) {
     const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
     const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
-    AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
+    AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, gs, b, hd, st[i], kn, vn);
   });
   for (int i = 0; i < n_tiles; ++i)
     for (int j = 0; j < NQ; ++j) StoreNormalized(df, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
