@@ -79,7 +79,8 @@ caf::result<attn_reply> attend(ShardState& st, const attn_request& r) {
                                            s.n, s.pos0, st.store->view_blocks(s.seq, r.layer)});
       row += static_cast<size_t>(s.n);
     }
-    // All sequences of the request at once: (sequence, kv heads) units over the shard's threads.
+    // All sequences of the request at once, in units of kv heads and, for a long prefill, of rows
+    // (kernels/attention_units.h) over the shard's threads.
     kernels::attention_batch(st.items.data(), st.items.size(), st.cfg.dims, *st.pool);
   } catch (const std::exception& e) {
     return caf::make_error(caf::sec::runtime_error, st.cfg.name + ": " + e.what());

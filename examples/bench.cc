@@ -5,6 +5,7 @@
 
 #include "examples/common/bench_attention.h"
 #include "examples/common/bench_plan.h"
+#include "examples/common/bench_prefill.h"
 #include "examples/common/bench_schedule.h"
 #include "examples/common/bench_sworker.h"
 #include "examples/common/bench_transport.h"
@@ -17,6 +18,7 @@ void usage(std::ostream& os) {
         "modes:\n"
         "  attention   decode attention over a KV-cache vs. the machine's read bandwidth\n"
         "  plan        the performance model's tokens/s for a configuration, then a real run of it\n"
+        "  prefill     a prompt's attention on all threads, alone and beside decoding sequences\n"
         "  schedule    large-batch, sls and load-control on one workload: per-step latency and load\n"
         "  sworker     the S-part of one layer, T(B), on the CUDA or CPU backend\n"
         "  transport   payloads between two processes: actor path vs. plain TCP on loopback\n";
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
   try {
     if (!std::strcmp(argv[1], "attention")) return fd::bench_attention_main(argc - 1, argv + 1);
     if (!std::strcmp(argv[1], "plan")) return fd::bench_plan_main(argc - 1, argv + 1);
+    if (!std::strcmp(argv[1], "prefill")) return fd::bench_prefill_main(argc - 1, argv + 1);
     if (!std::strcmp(argv[1], "schedule")) return fd::bench_schedule_main(argc - 1, argv + 1);
     if (!std::strcmp(argv[1], "sworker")) return fd::bench_sworker_main(argc - 1, argv + 1);
     if (!std::strcmp(argv[1], "transport")) return fd::bench_transport_main(argc - 1, argv + 1);

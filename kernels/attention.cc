@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/attention_tile.h"
+#include "kernels/attention_units.h"
 #include "kernels/kv_format.h"
 #include "kernels/thread_pool.h"
 
@@ -577,19 +578,18 @@ void check_rows(int n_q, int q_pos0, int len) {
                                 std::to_string(len) + " cached tokens.");
 }
 
-// Calls fn(item, kvh_begin, kvh_end) for the work units of a batched call of n items, over the
-// pool. A unit covers all of a sequence's kv heads when there are enough sequences to keep every
-// thread busy, so that it reads each block's K (and V) of all heads as one run; fewer when the
-// batch is small.
-template <class Fn>
-void run_units(size_t n, int kv_heads, ThreadPool& pool, const Fn& fn) {
-  const auto units_of = [&](int h) { return static_cast<size_t>((kv_heads + h - 1) / h); };
-  int hpu = kv_heads;
-  while (hpu > 1 && n * units_of(hpu) < 4 * static_cast<size_t>(pool.threads())) hpu = (hpu + 1) / 2;
-  const size_t units = units_of(hpu);
-  pool.run(n * units, [&](size_t u) {
-    const int kvh = static_cast<int>(u % units) * hpu;
-    fn(u / units, kvh, std::min(kvh + hpu, kv_heads));
+// Calls fn(item, q, out, n_q, q_pos0, kvh_begin, kvh_end) for the work units of a batched call of n
+// items (attention_units.h) over the pool: rows [q_pos0, q_pos0 + n_q) of the item, whose queries
+// and outputs start at q and out.
+template <class Item, class Fn>
+void run_units(const Item* items, size_t n, const AttnDims& d, ThreadPool& pool, const Fn& fn) {
+  const std::vector<AttnUnit> units = plan_attention_units(items, n, d.n_kv_heads, pool.threads());
+  const size_t row_floats = static_cast<size_t>(d.n_heads) * static_cast<size_t>(d.head_dim);
+  pool.run(units.size(), [&](size_t u) {
+    const AttnUnit& w = units[u];
+    const Item& it = items[w.item];
+    const size_t skip = static_cast<size_t>(w.row_begin) * row_floats;
+    fn(it, it.q + skip, it.out + skip, w.row_end - w.row_begin, it.q_pos0 + w.row_begin, w.kvh_begin, w.kvh_end);
   });
 }
 
@@ -634,11 +634,9 @@ void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, 
     check_shape(d, items[i].kv.block_tokens);
     check_rows(items[i].n_q, items[i].q_pos0, items[i].kv.len);
   }
-  const auto fn = HWY_DYNAMIC_DISPATCH(AttendHeadsF16Impl);
-  run_units(n, d.n_kv_heads, pool, [&](size_t i, int kvh_begin, int kvh_end) {
-    const AttnItemF16& it = items[i];
-    if (it.n_q > 0) fn(it.q, it.n_q, it.q_pos0, it.kv, d, kvh_begin, kvh_end, it.out);
-  });
+  const auto attend = HWY_DYNAMIC_DISPATCH(AttendHeadsF16Impl);
+  run_units(items, n, d, pool, [&](const AttnItemF16& it, const float* q, float* out, int n_q, int q_pos0, int kvh_begin,
+                                   int kvh_end) { attend(q, n_q, q_pos0, it.kv, d, kvh_begin, kvh_end, out); });
 }
 
 void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadPool& pool) {
@@ -647,10 +645,8 @@ void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadP
     check_rows(items[i].n_q, items[i].q_pos0, items[i].kv.len);
     check_format(kv_format(items[i].kv.dtype), d.head_dim);
   }
-  run_units(n, d.n_kv_heads, pool, [&](size_t i, int kvh_begin, int kvh_end) {
-    const AttnItem& it = items[i];
-    if (it.n_q > 0) kv_format(it.kv.dtype).attend(it.q, it.n_q, it.q_pos0, it.kv, d, kvh_begin, kvh_end, it.out);
-  });
+  run_units(items, n, d, pool, [&](const AttnItem& it, const float* q, float* out, int n_q, int q_pos0, int kvh_begin,
+                                   int kvh_end) { kv_format(it.kv.dtype).attend(q, n_q, q_pos0, it.kv, d, kvh_begin, kvh_end, out); });
 }
 
 }  // namespace fd::kernels

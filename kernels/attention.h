@@ -64,8 +64,10 @@ struct AttnItem {
   KvBlocks kv;
 };
 
-// Attention for n items, split into (item, range of kv heads) work units over the pool's threads. Each
-// unit is computed by one thread in a fixed order, so results do not depend on the thread count.
+// Attention for n items, split into work units over the pool's threads: ranges of an item's kv heads
+// and, for a costly prefill, of its rows (kernels/attention_units.h). Each unit is computed by one
+// thread in a fixed order, and rows are cut only where the kernel's query tiles end, so results do
+// not depend on the thread count.
 void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, ThreadPool& pool);
 void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadPool& pool);
 

@@ -15,6 +15,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/attention_tile.h"
+#include "kernels/attention_units.h"
 #include "kernels/kv_format.h"
 #include "kernels/ops.h"
 #include "kernels/quantize.h"
@@ -773,6 +774,24 @@ TEST_CASE("a NaN in one cached K or V row makes the outputs it reaches NaN and n
     }
 }
 
+namespace {
+
+// attention_batch_f16 over the fp16 originals of seqs (row counts n_qs, queries q) gives expect.
+void check_batch_f16(const std::vector<QuantKv>& seqs, const std::vector<int>& n_qs,
+                     const std::vector<std::vector<float>>& q, const std::vector<std::vector<float>>& expect,
+                     const fd::kernels::AttnDims& d, fd::kernels::ThreadPool& pool) {
+  std::vector<std::vector<float>> out(seqs.size());
+  std::vector<fd::kernels::AttnItemF16> items16;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    out[s].assign(q[s].size(), -7.0f);
+    items16.push_back({q[s].data(), out[s].data(), n_qs[s], seqs[s].len - n_qs[s], seqs[s].src.view()});
+  }
+  fd::kernels::attention_batch_f16(items16.data(), items16.size(), d, pool);
+  for (size_t s = 0; s < seqs.size(); ++s) CHECK(out[s] == expect[s]);
+}
+
+}  // namespace
+
 TEST_CASE("attention_batch matches per-sequence attention bit for bit at any thread count", "[attention]") {
   using fd::kernels::KvDtype;
   const int n_kv = 4, hd = 64, gqa = 2, n_heads = n_kv * gqa;
@@ -805,14 +824,49 @@ TEST_CASE("attention_batch matches per-sequence attention bit for bit at any thr
         fd::kernels::attention_batch(items.data(), items.size(), d, pool);
         for (size_t s = 0; s < seqs.size(); ++s) CHECK(out[s] == expect[s]);
       }
-      if (dt == KvDtype::f16) {
-        std::vector<fd::kernels::AttnItemF16> items16;
+      if (dt == KvDtype::f16) check_batch_f16(seqs, n_qs, q, expect, d, pool);
+    }
+  }
+}
+
+TEST_CASE("attention_batch cuts a long prefill into row ranges and still matches attention bit for bit",
+          "[attention]") {
+  using fd::kernels::KvDtype;
+  // GQA 3: a tile of 8 query vectors spans parts of three rows, so only cuts at multiples of
+  // kUnitRowAlign rows keep every tile whole.
+  for (const auto& [n_kv, gqa] : {std::pair{1, 3}, std::pair{2, 4}}) {
+    const int hd = 64, n_heads = n_kv * gqa;
+    const fd::kernels::AttnDims d{n_heads, n_kv, hd};
+    for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4}) {
+      // A 205-row prompt at positions [95, 300), then three decoding sequences.
+      std::vector<QuantKv> seqs;
+      std::vector<int> n_qs{205, 1, 1, 1};
+      for (int len : {300, 40, 77, 129}) seqs.emplace_back(dt, n_kv, hd, 64, len, uint32_t(len));
+      const size_t qw = size_t(n_heads) * hd;
+      std::vector<std::vector<float>> q, expect;
+      std::vector<fd::kernels::AttnItem> items;
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        q.push_back(random_q(qw * n_qs[s], 2.0f, uint32_t(7 + s)));
+        expect.emplace_back(q.back().size());
+        fd::kernels::attention(q[s].data(), n_qs[s], seqs[s].len - n_qs[s], seqs[s].view(), d, expect[s].data());
+      }
+      for (int threads : {1, 2, 3, 5}) {
+        INFO("kv heads " << n_kv << " gqa " << gqa << " dtype " << fd::kernels::kv_dtype_name(dt) << " threads "
+                         << threads);
+        std::vector<std::vector<float>> out(seqs.size());
+        items.clear();
         for (size_t s = 0; s < seqs.size(); ++s) {
           out[s].assign(q[s].size(), -7.0f);
-          items16.push_back({q[s].data(), out[s].data(), n_qs[s], seqs[s].len - n_qs[s], seqs[s].src.view()});
+          items.push_back({q[s].data(), out[s].data(), n_qs[s], seqs[s].len - n_qs[s], seqs[s].view()});
         }
-        fd::kernels::attention_batch_f16(items16.data(), items16.size(), d, pool);
+        const auto units = fd::kernels::plan_attention_units(items.data(), items.size(), n_kv, threads);
+        size_t cut = 0;
+        for (const auto& u : units) cut += u.item == 0 && u.row_begin > 0;
+        CHECK((threads == 1 ? cut == 0 : cut > 0));  // else this would not test the cut
+        fd::kernels::ThreadPool pool(threads);
+        fd::kernels::attention_batch(items.data(), items.size(), d, pool);
         for (size_t s = 0; s < seqs.size(); ++s) CHECK(out[s] == expect[s]);
+        if (dt == KvDtype::f16) check_batch_f16(seqs, n_qs, q, expect, d, pool);
       }
     }
   }

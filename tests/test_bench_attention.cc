@@ -2,44 +2,21 @@
 // names, figures that agree with each other, and the page order it was asked for. No speed is
 // asserted here; the benchmark prints its figures.
 #include <catch2/catch.hpp>
-#include <cmath>
-#include <cstdlib>
-#include <iostream>
-#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "examples/common/bench_attention.h"
 #include "runtime/error.h"
+#include "tests/bench_output.h"
 
 namespace {
 
-// Runs the benchmark with args (after "attention") and returns its stdout lines.
 std::vector<std::string> run_bench(std::vector<std::string> args) {
-  args.insert(args.begin(), "attention");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  std::ostringstream out;
-  std::streambuf* old = std::cout.rdbuf(out.rdbuf());
-  try {
-    fd::bench_attention_main(static_cast<int>(argv.size()), argv.data());
-  } catch (...) {
-    std::cout.rdbuf(old);
-    throw;
-  }
-  std::cout.rdbuf(old);
-  std::vector<std::string> lines;
-  std::istringstream in(out.str());
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
+  return fd::test::run_bench_mode(fd::bench_attention_main, "attention", std::move(args));
 }
 
-// The number after "key": in a flat JSON line; NaN when the key is missing.
-double field(const std::string& line, const std::string& key) {
-  const auto at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) return std::nan("");
-  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
-}
+using fd::test::json_field;
 
 }  // namespace
 
@@ -54,27 +31,27 @@ TEST_CASE("bench attention prints every case with consistent figures and its pag
       INFO(line);
       CHECK(line.find(std::string("\"pages\":\"") + pages + "\"") != std::string::npos);
       CHECK(line.find("\"kv_dtype\":\"") != std::string::npos);
-      CHECK(field(line, "head_dim") == 64);
-      CHECK(field(line, "ctx") == 130);
-      CHECK(field(line, "batch") == 3);
-      CHECK(field(line, "threads") == 1);
-      const double gbps = field(line, "gbps"), stream = field(line, "stream_gbps");
+      CHECK(json_field(line, "head_dim") == 64);
+      CHECK(json_field(line, "ctx") == 130);
+      CHECK(json_field(line, "batch") == 3);
+      CHECK(json_field(line, "threads") == 1);
+      const double gbps = json_field(line, "gbps"), stream = json_field(line, "stream_gbps");
       CHECK(gbps > 0);
       CHECK(stream > 0);
-      CHECK(field(line, "ratio") == Approx(gbps / stream).epsilon(1e-4));
+      CHECK(json_field(line, "ratio") == Approx(gbps / stream).epsilon(1e-4));
       // tokens/s is the batch over the seconds of one call, GB/s its KV bytes over the same seconds.
-      const double kv_bytes = field(line, "kv_mib") * (1 << 20);
-      CHECK(field(line, "tokens_per_s") == Approx(3 / (kv_bytes / (gbps * 1e9))).epsilon(1e-4));
+      const double kv_bytes = json_field(line, "kv_mib") * (1 << 20);
+      CHECK(json_field(line, "tokens_per_s") == Approx(3 / (kv_bytes / (gbps * 1e9))).epsilon(1e-4));
     }
     // A shape's dtypes are measured together, against one stream bandwidth read between their rounds.
     for (size_t i = 0; i < lines.size(); i += 3) {
       INFO(lines[i]);
-      CHECK(field(lines[i], "gqa") == field(lines[i + 2], "gqa"));
+      CHECK(json_field(lines[i], "gqa") == json_field(lines[i + 2], "gqa"));
       CHECK(lines[i].find("\"kv_dtype\":\"f16\"") != std::string::npos);
       CHECK(lines[i + 1].find("\"kv_dtype\":\"q8\"") != std::string::npos);
       CHECK(lines[i + 2].find("\"kv_dtype\":\"q4\"") != std::string::npos);
-      CHECK(field(lines[i], "stream_gbps") == field(lines[i + 1], "stream_gbps"));
-      CHECK(field(lines[i], "stream_gbps") == field(lines[i + 2], "stream_gbps"));
+      CHECK(json_field(lines[i], "stream_gbps") == json_field(lines[i + 1], "stream_gbps"));
+      CHECK(json_field(lines[i], "stream_gbps") == json_field(lines[i + 2], "stream_gbps"));
     }
   }
 }
@@ -98,12 +75,12 @@ TEST_CASE("bench attention reads the stream a bounded number of times per shape,
     INFO(line);
     // One read per eighth of --min-time that every case was timed for: 8, or 7 when the rounds'
     // overshoot of each eighth adds up to more than the last one.
-    CHECK(field(line, "stream_reads") >= 7);
-    CHECK(field(line, "stream_reads") <= 8);
+    CHECK(json_field(line, "stream_reads") >= 7);
+    CHECK(json_field(line, "stream_reads") <= 8);
   }
   const auto none = run_bench({"--json", "--ctx", "130", "--batch", "1", "--head-dim", "64", "--gqa", "1",
                                "--threads", "1", "--kv-heads", "2", "--min-time", "0", "--cold-size", "0",
                                "--stream-size", "4MiB"});
   REQUIRE(none.size() == 1);
-  CHECK(field(none[0], "stream_reads") == 3);
+  CHECK(json_field(none[0], "stream_reads") == 3);
 }

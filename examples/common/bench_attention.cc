@@ -55,17 +55,6 @@ size_t default_cold_bytes() {
   return 2 * (llc > 0 ? llc : size_t(32) << 20);
 }
 
-std::vector<kernels::KvDtype> parse_dtypes(const std::string& text) {
-  std::vector<kernels::KvDtype> out;
-  for (const std::string& item : split_list(text, "kv-dtype")) {
-    kernels::KvDtype d;
-    if (!kernels::parse_kv_dtype(item, &d))
-      throw Error("--kv-dtype must list f16, q8 or q4, not '" + item + "'.");
-    out.push_back(d);
-  }
-  return out;
-}
-
 // Returns false when --help was printed.
 bool parse_options(int argc, char** argv, BenchOptions& o) {
   const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -119,7 +108,7 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
   o.gqas = parse_int_list(pick("gqa", "1,4"), "gqa");
   o.ctxs = parse_int_list(pick("ctx", "512,2048"), "ctx");
   o.batches = parse_int_list(pick("batch", "1,16,64"), "batch");
-  o.dtypes = parse_dtypes(vm["kv-dtype"].as<std::string>());
+  o.dtypes = parse_kv_dtype_list(vm["kv-dtype"].as<std::string>());
   o.max_kv_bytes = parse_size(vm["max-kv"].as<std::string>());
   o.stream_bytes = parse_size(pick("stream-size", "256MiB"));
   o.pages = vm["pages"].as<std::string>();

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kernels/kv_format.h"
 #include "runtime/error.h"
 
 namespace fd {
@@ -13,6 +14,16 @@ std::vector<std::string> split_list(const std::string& text, const char* flag) {
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
   if (out.empty()) throw Error(std::string("--") + flag + " needs at least one value.");
+  return out;
+}
+
+std::vector<kernels::KvDtype> parse_kv_dtype_list(const std::string& text) {
+  std::vector<kernels::KvDtype> out;
+  for (const std::string& item : split_list(text, "kv-dtype")) {
+    kernels::KvDtype d;
+    if (!kernels::parse_kv_dtype(item, &d)) throw Error("--kv-dtype must list f16, q8 or q4, not '" + item + "'.");
+    out.push_back(d);
+  }
   return out;
 }
 

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.h"
+
 namespace fd {
 
 // The items of text split at commas; throws fd::Error naming --flag when there is none.
@@ -11,6 +13,9 @@ std::vector<std::string> split_list(const std::string& text, const char* flag);
 // Integers in [lo, hi]; throws fd::Error naming --flag and the text for anything else.
 std::vector<int> parse_int_list(const std::string& text, const char* flag, int lo = 1,
                                 int hi = 1 << 30);
+
+// KV formats named f16, q8 or q4; throws fd::Error naming --kv-dtype and the text otherwise.
+std::vector<kernels::KvDtype> parse_kv_dtype_list(const std::string& text);
 
 // Throws fd::Error("--flag must be lo to hi, not value") outside [lo, hi]. Thread and shard counts
 // are bounded so that a typo cannot start thousands of threads.
