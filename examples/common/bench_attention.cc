@@ -178,7 +178,8 @@ KvStoreConfig store_config(const BenchOptions& o, kernels::KvDtype dtype, int he
   cfg.block_tokens = o.block_tokens;
   cfg.dtype = dtype;
   const size_t head_bytes = kernels::kv_format(dtype).head_block_bytes(o.block_tokens, head_dim);
-  cfg.capacity_bytes = (layers * 2 * o.kv_heads * head_bytes + 63) / 64 * 64 * pages;
+  // The store's page: each layer's K and V of all kv heads, on whole cache lines each.
+  cfg.capacity_bytes = layers * 2 * ((o.kv_heads * head_bytes + 63) / 64 * 64) * pages;
   return cfg;
 }
 

@@ -1,5 +1,6 @@
 #include "examples/common/bench_prefill.h"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdint>
@@ -8,7 +9,6 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "examples/common/json.h"
@@ -98,7 +98,8 @@ class PrefillCase {
     cfg.dtype = dtype;
     const auto pages = [&](int tokens) { return static_cast<size_t>((tokens + o.block_tokens - 1) / o.block_tokens); };
     const size_t head_bytes = kernels::kv_format(dtype).head_block_bytes(o.block_tokens, head_dim);
-    cfg.capacity_bytes = (2 * size_t(o.kv_heads) * head_bytes + 63) / 64 * 64 *
+    // The store's page: the K and V of all kv heads, on whole cache lines each.
+    cfg.capacity_bytes = 2 * ((size_t(o.kv_heads) * head_bytes + 63) / 64 * 64) *
                          (pages(prompt) + static_cast<size_t>(decode) * pages(o.ctx));
     store_ = std::make_unique<KvStore>(cfg);
 
