@@ -132,6 +132,11 @@ HWY_INLINE void StoreNormalized(D d, const float* HWY_RESTRICT acc, float l, siz
 // reads each row once).
 enum class FetchTo { kL1, kL2, kNonTemporal };
 
+// A fetch (PacedPrefetch's interface) that fetches nothing: its calls compile to nothing.
+struct NoFetch {
+  HWY_INLINE void Next() {}
+};
+
 // Fetches bytes [begin, end) after base into the cache over `slices` calls of Next(), the same
 // number of lines per call (the last calls may fetch none), so that the requests do not arrive in
 // one burst; a null base, or a range of no line, fetches nothing and costs Next() one test.

@@ -420,10 +420,6 @@ struct NextShare {
   size_t k[4], v[4];
 };
 
-struct NoFetch {
-  HWY_INLINE void Next() {}
-};
-
 // Calls sum(fetch) with the value sums' share of the next visit (phase 2 of `next`, over `slices`
 // calls of Next()) when `fetch`, else with NoFetch, whose calls compile to nothing.
 template <class Sum>
