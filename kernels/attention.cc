@@ -316,10 +316,10 @@ HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd) 
 // s[j][t] = q_j . k_(tb + t) for the keys t in [0, n) of a tile (kt: the kv head's sealed keys).
 // Lanes past n within a key group are scored too and left for the softmax to drop.
 // The block's last key group, narrower than kF16KeyGroup when block_tokens is not a multiple of
-// it, is copied into a whole one, zero-padded, and scored by the same vectors. Scored key by key
-// and element by element instead, hd128 read 0.19-0.29 of the stream at GQA 4 with --block-tokens
-// 60 and 72, against 0.55-0.62 so (0.77-0.82 at 64), and 0.47-0.61 at GQA 1 against 0.63-0.72
-// (Intel Xeon, 2 threads, ctx 2048, batch 16, 2 alternating runs).
+// it, is copied into a whole one, zero-padded, and scored by the same vectors. With --block-tokens
+// 60 and 72, hd128 read 0.55-0.62 of the stream so at GQA 4 (0.77-0.82 at 64), against 0.19-0.29
+// when those keys were scored one by one and element by element, and 0.63-0.72 at GQA 1 against
+// 0.47-0.61 (Intel Xeon, 2 threads, ctx 2048, batch 16, 2 alternating runs).
 template <int NQ, class D, class Fetch>
 HWY_INLINE void ScoreKeys(D d, const uint16_t* kt, size_t tb, size_t n, size_t bt,
                           const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT], Fetch& fetch) {
