@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/attention_tile.h"
 
 namespace fd::kernels {
 
@@ -16,9 +17,10 @@ struct AttnUnit {
   uint64_t cost = 0;  // keys the unit's rows see, summed over its rows and kv heads
 };
 
-// Rows of a prefill are cut only at multiples of this, so that every tile of query vectors
-// (attention_tile.h) is the same as without the cut: a row's output does not depend on the cut.
-constexpr int kUnitRowAlign = 8;
+// Rows of a prefill are cut only at multiples of this: a tile holds kMaxQ consecutive query
+// vectors of a kv head, g per row, so a cut after a multiple of kMaxQ rows (g * kMaxQ vectors)
+// leaves every tile as it is without the cut, and a row's output does not depend on the cut.
+constexpr int kUnitRowAlign = kMaxQ;
 
 // The units of a call, costliest first (the pool hands them out in order). A unit costs at most
 // about 1/(4 * threads) of the call, when it can be cut that fine: an item costlier than that is

@@ -17,7 +17,18 @@ namespace {
 
 constexpr size_t kPageAlign = 64;  // bytes; keeps every block on its own cache lines
 
+// One layer's K (or V) of a page: its kv heads' blocks, rounded up to kPageAlign.
+size_t part_bytes_of(const KvStoreConfig& cfg) {
+  const size_t layer = static_cast<size_t>(cfg.n_kv_heads) *
+                       kernels::kv_format(cfg.dtype).head_block_bytes(cfg.block_tokens, cfg.head_dim);
+  return (layer + kPageAlign - 1) / kPageAlign * kPageAlign;
+}
+
 }  // namespace
+
+size_t kv_page_bytes(const KvStoreConfig& cfg) {
+  return static_cast<size_t>(cfg.n_layers) * 2 * part_bytes_of(cfg);
+}
 
 void check_kv_memory(size_t per_shard, int shards, size_t available) {
   if (available == 0) available = available_memory();
@@ -44,10 +55,9 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
     throw Error(std::string("KV-cache format ") + format_->name() + " cannot hold head_dim " +
                 std::to_string(cfg.head_dim) + ".");
   head_bytes_ = format_->head_block_bytes(cfg.block_tokens, cfg.head_dim);
-  layer_bytes_ = static_cast<size_t>(cfg.n_kv_heads) * head_bytes_;
   scratch_.assign(1, std::vector<uint8_t>(head_bytes_));
-  part_bytes_ = (layer_bytes_ + kPageAlign - 1) / kPageAlign * kPageAlign;
-  page_bytes_ = static_cast<size_t>(cfg.n_layers) * 2 * part_bytes_;
+  part_bytes_ = part_bytes_of(cfg);
+  page_bytes_ = kv_page_bytes(cfg);
   total_pages_ = cfg.capacity_bytes / page_bytes_;
   if (total_pages_ == 0)
     throw Error("KV-cache capacity of " + format_bytes(cfg.capacity_bytes) + " is smaller than one page of " +

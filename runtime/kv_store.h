@@ -45,6 +45,10 @@ struct KvAppend {
 // end with the kernel's OOM killer in mid-run instead of a "KV-cache full" answer.
 void check_kv_memory(size_t per_shard, int shards, size_t available = 0);
 
+// Bytes of one page (block_tokens tokens of every layer's K and V) in a store of cfg's shape, what
+// capacity_bytes buys pages of; cfg.capacity_bytes is not read. The dtype must hold head_dim.
+size_t kv_page_bytes(const KvStoreConfig& cfg);
+
 class KvStore {
  public:
   explicit KvStore(const KvStoreConfig& cfg);
@@ -98,8 +102,7 @@ class KvStore {
   KvStoreConfig cfg_;
   const kernels::KvFormat* format_ = nullptr;
   size_t head_bytes_ = 0;   // one kv head's rows of one block (KvFormat::head_block_bytes)
-  size_t layer_bytes_ = 0;  // K (or V) of one layer in one page: [n_kv_heads][head_bytes_]
-  size_t part_bytes_ = 0;  // layer_bytes_ padded to a cache line: a page's K (or V) of one layer
+  size_t part_bytes_ = 0;  // a page's K (or V) of one layer: [n_kv_heads][head_bytes_], to a cache line
   size_t page_bytes_ = 0;  // one page's share of the arena: n_layers * 2 * part_bytes_
   size_t total_pages_ = 0;
   struct Unmap {

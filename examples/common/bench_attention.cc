@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "examples/common/bench_kv.h"
 #include "examples/common/json.h"
 #include "examples/common/stats.h"
 #include "examples/common/list_options.h"
@@ -171,28 +172,7 @@ struct CaseResult {
 
 // A store of `layers` layers of the options' shape, with room for `pages` pages.
 KvStoreConfig store_config(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int layers, size_t pages) {
-  KvStoreConfig cfg;
-  cfg.n_layers = layers;
-  cfg.n_kv_heads = o.kv_heads;
-  cfg.head_dim = head_dim;
-  cfg.block_tokens = o.block_tokens;
-  cfg.dtype = dtype;
-  const size_t head_bytes = kernels::kv_format(dtype).head_block_bytes(o.block_tokens, head_dim);
-  // The store's page: each layer's K and V of all kv heads, on whole cache lines each.
-  cfg.capacity_bytes = layers * 2 * ((o.kv_heads * head_bytes + 63) / 64 * 64) * pages;
-  return cfg;
-}
-
-// k, v: n random fp16 values each, uniform in [-1, 1).
-void random_f16_rows(std::mt19937& rng, size_t n, std::vector<uint16_t>& k, std::vector<uint16_t>& v) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> f(n);
-  k.resize(n);
-  v.resize(n);
-  for (auto& x : f) x = dist(rng);
-  kernels::f32_to_f16(f.data(), k.data(), n);
-  for (auto& x : f) x = dist(rng);
-  kernels::f32_to_f16(f.data(), v.data(), n);
+  return bench_store_config(dtype, layers, o.kv_heads, head_dim, o.block_tokens, pages);
 }
 
 // Pages of a sequence of ctx tokens.

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "examples/common/bench_kv.h"
 #include "examples/common/json.h"
 #include "examples/common/list_options.h"
 #include "examples/common/stats.h"
 #include "kernels/attention.h"
 #include "kernels/kv_format.h"
-#include "kernels/ops.h"
 #include "kernels/thread_pool.h"
 #include "runtime/error.h"
 #include "runtime/kv_store.h"
@@ -90,30 +90,15 @@ class PrefillCase {
  public:
   PrefillCase(const PrefillOptions& o, kernels::KvDtype dtype, int head_dim, int gqa, int prompt, int decode)
       : dims_{o.kv_heads * gqa, o.kv_heads, head_dim} {
-    KvStoreConfig cfg;
-    cfg.n_layers = 1;
-    cfg.n_kv_heads = o.kv_heads;
-    cfg.head_dim = head_dim;
-    cfg.block_tokens = o.block_tokens;
-    cfg.dtype = dtype;
     const auto pages = [&](int tokens) { return static_cast<size_t>((tokens + o.block_tokens - 1) / o.block_tokens); };
-    const size_t head_bytes = kernels::kv_format(dtype).head_block_bytes(o.block_tokens, head_dim);
-    // The store's page: the K and V of all kv heads, on whole cache lines each.
-    cfg.capacity_bytes = 2 * ((size_t(o.kv_heads) * head_bytes + 63) / 64 * 64) *
-                         (pages(prompt) + static_cast<size_t>(decode) * pages(o.ctx));
-    store_ = std::make_unique<KvStore>(cfg);
-
+    store_ = std::make_unique<KvStore>(bench_store_config(dtype, 1, o.kv_heads, head_dim, o.block_tokens,
+                                                          pages(prompt) + static_cast<size_t>(decode) * pages(o.ctx)));
     std::mt19937 rng(static_cast<uint32_t>(prompt * 7 + head_dim));
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
-    const int longest = std::max(prompt, decode > 0 ? o.ctx : 0);
-    std::vector<float> f(static_cast<size_t>(longest) * row);
-    std::vector<uint16_t> k(f.size()), v(f.size());
-    for (auto& x : f) x = dist(rng);
-    kernels::f32_to_f16(f.data(), k.data(), f.size());
-    for (auto& x : f) x = dist(rng);
-    kernels::f32_to_f16(f.data(), v.data(), f.size());
+    std::vector<uint16_t> k, v;
+    random_f16_rows(rng, static_cast<size_t>(std::max(prompt, decode > 0 ? o.ctx : 0)) * row, k, v);
 
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     const size_t qw = static_cast<size_t>(dims_.n_heads) * head_dim;
     q_.resize(qw * static_cast<size_t>(prompt + decode));
     out_.resize(q_.size());
