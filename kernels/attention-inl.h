@@ -28,6 +28,30 @@ HWY_INLINE const uint8_t* Bytes(const P* p) {
   return static_cast<const uint8_t*>(static_cast<const void*>(p));
 }
 
+// dst row r [0, n) = src [r * stride, r * stride + n) and dst row r [n, row_bytes) = 0, for rows
+// r < rows, dst rows row_bytes apart (a multiple of a vector); src is readable for `readable` bytes
+// from its start. A block's last, partial key group is scored from such a zero-padded copy. Row
+// by row through memcpy (and std::copy), the copy of hd128 took about as long as reading the
+// block's keys: see ScoreKeys (kernels/attention.cc). Here every chunk of a row whose whole vector
+// is readable is one load, blend and store; only the last few rows go byte by byte.
+template <class D8>
+HWY_INLINE void CopyRowsZeroPadded(D8 d8, const uint8_t* src, size_t stride, size_t n, size_t rows,
+                                   size_t readable, size_t row_bytes, uint8_t* dst) {
+  const size_t L = hn::Lanes(d8);
+  for (size_t r = 0; r < rows; ++r) {
+    const uint8_t* from = src + r * stride;
+    uint8_t* to = dst + r * row_bytes;
+    for (size_t c = 0; c < row_bytes; c += L) {
+      const size_t live = n > c ? std::min(n - c, L) : 0;
+      if (r * stride + c + L <= readable) {
+        hn::StoreU(hn::IfThenElseZero(hn::FirstN(d8, live), hn::LoadU(d8, from + c)), d8, to + c);
+      } else {
+        for (size_t i = 0; i < L; ++i) to[c + i] = i < live ? from[c + i] : 0;
+      }
+    }
+  }
+}
+
 // The lane-wise combinations the reductions below take, and each one's reduction of a whole vector.
 struct AddOp {
   template <class V>

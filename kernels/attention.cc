@@ -316,10 +316,11 @@ HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd) 
 // s[j][t] = q_j . k_(tb + t) for the keys t in [0, n) of a tile (kt: the kv head's sealed keys).
 // Lanes past n within a key group are scored too and left for the softmax to drop.
 // The block's last key group, narrower than kF16KeyGroup when block_tokens is not a multiple of
-// it, is copied into a whole one, zero-padded, and scored by the same vectors. With --block-tokens
-// 60 and 72, hd128 read 0.55-0.62 of the stream so at GQA 4 (0.77-0.82 at 64), against 0.19-0.29
-// when those keys were scored one by one and element by element, and 0.63-0.72 at GQA 1 against
-// 0.47-0.61 (Intel Xeon, 2 threads, ctx 2048, batch 16, 2 alternating runs).
+// it, is copied into a whole one, zero-padded (CopyRowsZeroPadded), and scored by the same
+// vectors. Intel Xeon, 2 threads, hd128, batch 16, alternating runs, fraction of the stream read
+// with --block-tokens 60 and 72: GQA 4 0.19-0.29 when those keys were scored one by one and
+// element by element, 0.55-0.63 with the copy row by row (std::copy), 0.78-0.88 by vectors (ctx
+// 4096, 3 runs; 0.89-0.92 at 64, which copies nothing); GQA 1 0.47-0.61, 0.63-0.76, 0.82-0.97.
 template <int NQ, class D, class Fetch>
 HWY_INLINE void ScoreKeys(D d, const uint16_t* kt, size_t tb, size_t n, size_t bt,
                           const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT], Fetch& fetch) {
@@ -335,11 +336,9 @@ HWY_INLINE void ScoreKeys(D d, const uint16_t* kt, size_t tb, size_t n, size_t b
         const size_t first = GroupedKeys(bt), w = bt - first;
         const uint16_t* src = kt + detail::f16_sealed_key_index(first, 0, hd, bt);
         HWY_ALIGN uint16_t group[kMaxHeadDim * kF16KeyGroup];
-        for (size_t i = 0; i < hd; ++i) {
-          uint16_t* row = group + i * kF16KeyGroup;
-          std::copy(src + i * w, src + (i + 1) * w, row);
-          std::fill(row + w, row + kF16KeyGroup, uint16_t{0});
-        }
+        constexpr size_t kRow = kF16KeyGroup * sizeof(uint16_t);
+        CopyRowsZeroPadded(hn::CappedTag<uint8_t, kRow>(), Bytes(src), w * sizeof(uint16_t), w * sizeof(uint16_t),
+                           hd, hd * w * sizeof(uint16_t), kRow, reinterpret_cast<uint8_t*>(group));
         NoFetch none;  // the fetch is paced by the whole groups' passes
         for (size_t k = 0; k < kF16KeyGroup; k += L)
           ScoreKeyVectors<NQ, 1>(d, group, k, kF16KeyGroup, qs, hd, s, t0 + k, none);

@@ -727,10 +727,14 @@ HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scale
     for (; v < n && tb + v + TV <= bt; v += TV)
       ScoreSealedPassQ8<NQ, 1>(dk, at(tb + v), width(tb + v), scales + tb + v, hd, qq, s, v, cadence, fetch);
     if (v < n) {  // the block's last keys, fewer than TV: copied into a block of TV keys
-      HWY_ALIGN int8_t keys[kMaxHeadDim / 2 * 32] = {};
+      HWY_ALIGN int8_t keys[kMaxHeadDim / 2 * 32];
       HWY_ALIGN float sc[16] = {};
-      const size_t m = bt - (tb + v), stride = width(tb + v);
-      for (size_t e = 0; e < hd / 2; ++e) std::memcpy(keys + e * TV * 2, at(tb + v) + e * stride * 2, m * 2);
+      const size_t m = bt - (tb + v);
+      const detail::Run g = detail::run_of(tb + v, kQ8KeyGroup, bt);
+      // Bytes from key tb + v's first pair to the end of its group's last pair row.
+      const size_t readable = (hd / 2 * g.width - (tb + v - g.start)) * 2;
+      CopyRowsZeroPadded(hn::Half<hn::Repartition<uint8_t, DK>>(), Bytes(at(tb + v)), g.width * 2, m * 2, hd / 2, readable,
+                         TV * 2, reinterpret_cast<uint8_t*>(keys));
       std::memcpy(sc, scales + tb + v, m * sizeof(float));
       ScoreSealedPassQ8<NQ, 1>(dk, keys, TV, sc, hd, qq, s, v, cadence, fetch);
     }
