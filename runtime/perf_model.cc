@@ -176,8 +176,7 @@ RStore make_r_store(const ModelConfig& shape, int seq_tokens, size_t kv_bytes) {
   kc.n_kv_heads = kv_heads;
   kc.head_dim = head_dim;
   const size_t blocks = (static_cast<size_t>(seq_tokens) + kc.block_tokens - 1) / kc.block_tokens;
-  const size_t page = (2 * row * kc.block_tokens * sizeof(uint16_t) + 63) / 64 * 64;
-  kc.capacity_bytes = page * blocks * r.seqs;
+  kc.capacity_bytes = kv_page_bytes(kc) * blocks * r.seqs;
   r.store = std::make_unique<KvStore>(kc);
   std::vector<float> f(static_cast<size_t>(seq_tokens) * row);  // [seq_tokens][row]
   for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
