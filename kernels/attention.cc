@@ -486,7 +486,10 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
     AttendBlock<Rows, NQ>(d, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
   });
   for (int i = 0; i < n_tiles; ++i)
-    for (int j = 0; j < NQ; ++j) StoreNormalized(d, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
+    for (int j = 0; j < NQ; ++j) {
+      StoreNormalized(d, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
+      StoreStats(tiles[i], j, st[i].m[j], st[i].l[j]);
+    }
 }
 
 template <class Rows, class D, class Blocks>
@@ -517,8 +520,8 @@ void RunGroupAnyWidth(const Tile* t, const int* kvh, int n, const Blocks& kv, si
 // Attention of all query rows and heads that read kv heads [kvh_begin, kvh_end).
 template <class Rows, size_t MaxL, class Blocks>
 void AttendHeads(const float* q, int n_q, int q_pos0, const Blocks& kv, size_t head_bytes,
-                 const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
-  for_each_tile_group(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out,
+                 const AttnDims& dims, int kvh_begin, int kvh_end, float* out, float* stats) {
+  for_each_tile_group(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out, stats,
                       [&](const Tile* tiles, const int* kvh, int n) {
                         RunGroupAnyWidth<Rows, MaxL>(tiles, kvh, n, kv, head_bytes, dims.head_dim);
                       });
@@ -530,16 +533,16 @@ constexpr size_t kMaxLanes = 16;
 static_assert(kF16KeyGroup % kMaxLanes == 0 && kF16ValueChunk % kMaxLanes == 0, "vectors must fit a group");
 
 void AttendHeadsF16Impl(const float* q, int n_q, int q_pos0, const KvBlocksF16& kv,
-                        const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
+                        const AttnDims& dims, int kvh_begin, int kvh_end, float* out, float* stats) {
   const size_t hb = static_cast<size_t>(kv.block_tokens) * dims.head_dim * sizeof(uint16_t);
-  AttendHeads<F16Rows, kMaxLanes>(q, n_q, q_pos0, kv, hb, dims, kvh_begin, kvh_end, out);
+  AttendHeads<F16Rows, kMaxLanes>(q, n_q, q_pos0, kv, hb, dims, kvh_begin, kvh_end, out, stats);
 }
 
 void AttendHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
-                     const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
+                     const AttnDims& dims, int kvh_begin, int kvh_end, float* out, float* stats) {
   switch (kv.dtype) {
     case KvDtype::f16:
-      return AttendHeads<F16Rows, kMaxLanes>(q, n_q, q_pos0, kv, head_bytes, dims, kvh_begin, kvh_end, out);
+      return AttendHeads<F16Rows, kMaxLanes>(q, n_q, q_pos0, kv, head_bytes, dims, kvh_begin, kvh_end, out, stats);
     default:  // q8 and q4 have their own kernels (kernels/attention_quant.cc)
       break;
   }
@@ -587,19 +590,45 @@ void check_rows(int n_q, int q_pos0, int len) {
                                 std::to_string(len) + " cached tokens.");
 }
 
-// Calls fn(item, q, out, n_q, q_pos0, kvh_begin, kvh_end) for the work units of a batched call of n
-// items (attention_units.h) over the pool: rows [q_pos0, q_pos0 + n_q) of the item, whose queries
-// and outputs start at q and out.
+// A sequence's keys from key_begin on (a multiple of block_tokens) as a sequence of their own,
+// whose len keeps every block's layout (sealed or not, kv_format.h); the row's position bounds
+// the keys read.
+template <class Blocks>
+Blocks key_range(const Blocks& kv, int key_begin) {
+  Blocks r = kv;
+  const size_t skip = static_cast<size_t>(key_begin / kv.block_tokens);
+  r.k = kv.k + skip;
+  r.v = kv.v + skip;
+  r.len = kv.len - key_begin;
+  return r;
+}
+
+// Calls fn(kv, q, out, stats, n_q, q_pos0, kvh_begin, kvh_end) for the work units of a batched call
+// of n items (attention_units.h) over the pool: rows [q_pos0, q_pos0 + n_q) of the item's kv, whose
+// queries and outputs start at q and out; stats null, or (a key-range unit's) [n_heads][2]. The
+// key-range units write to scratch, merged into the items' outputs afterwards.
 template <class Item, class Fn>
 void run_units(const Item* items, size_t n, const AttnDims& d, ThreadPool& pool, const Fn& fn) {
   const std::vector<AttnUnit> units = plan_attention_units(items, n, d.n_kv_heads, pool.threads());
   const size_t row_floats = static_cast<size_t>(d.n_heads) * static_cast<size_t>(d.head_dim);
+  std::vector<size_t> part(units.size());  // a key-range unit's place in the scratch
+  size_t parts = 0;
+  for (size_t u = 0; u < units.size(); ++u) part[u] = units[u].key_end > 0 ? parts++ : 0;
+  std::vector<float> part_out(parts * row_floats), part_stats(parts * static_cast<size_t>(d.n_heads) * 2);
   pool.run(units.size(), [&](size_t u) {
     const AttnUnit& w = units[u];
     const Item& it = items[w.item];
+    if (w.key_end > 0) {  // the item's one row over keys [key_begin, key_end)
+      fn(key_range(it.kv, w.key_begin), it.q, part_out.data() + part[u] * row_floats,
+         part_stats.data() + part[u] * static_cast<size_t>(d.n_heads) * 2, 1, w.key_end - w.key_begin - 1,
+         w.kvh_begin, w.kvh_end);
+      return;
+    }
     const size_t skip = static_cast<size_t>(w.row_begin) * row_floats;
-    fn(it, it.q + skip, it.out + skip, w.row_end - w.row_begin, it.q_pos0 + w.row_begin, w.kvh_begin, w.kvh_end);
+    fn(it.kv, it.q + skip, it.out + skip, nullptr, w.row_end - w.row_begin, it.q_pos0 + w.row_begin, w.kvh_begin,
+       w.kvh_end);
   });
+  if (parts > 0) merge_key_ranges(units, items, d, part_out.data(), part_stats.data());
 }
 
 void check_format(const KvFormat& f, int head_dim) {
@@ -613,8 +642,8 @@ void check_format(const KvFormat& f, int head_dim) {
 namespace detail {
 // Entry used by the KvFormat implementations (kernels/kv_format.cc).
 void attend_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
-                  const AttnDims& d, int kvh_begin, int kvh_end, float* out) {
-  HWY_DYNAMIC_DISPATCH(AttendHeadsImpl)(q, n_q, q_pos0, kv, head_bytes, d, kvh_begin, kvh_end, out);
+                  const AttnDims& d, int kvh_begin, int kvh_end, float* out, float* stats) {
+  HWY_DYNAMIC_DISPATCH(AttendHeadsImpl)(q, n_q, q_pos0, kv, head_bytes, d, kvh_begin, kvh_end, out, stats);
 }
 }  // namespace detail
 
@@ -626,7 +655,7 @@ void attention_f16(const float* q, int n_q, int q_pos0, const KvBlocksF16& kv, c
   check_shape(d, kv.block_tokens);
   check_rows(n_q, q_pos0, kv.len);
   if (n_q == 0) return;
-  HWY_DYNAMIC_DISPATCH(AttendHeadsF16Impl)(q, n_q, q_pos0, kv, d, 0, d.n_kv_heads, out);
+  HWY_DYNAMIC_DISPATCH(AttendHeadsF16Impl)(q, n_q, q_pos0, kv, d, 0, d.n_kv_heads, out, nullptr);
 }
 
 void attention(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d, float* out) {
@@ -635,7 +664,7 @@ void attention(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const At
   const KvFormat& f = kv_format(kv.dtype);
   check_format(f, d.head_dim);
   if (n_q == 0) return;
-  f.attend(q, n_q, q_pos0, kv, d, 0, d.n_kv_heads, out);
+  f.attend(q, n_q, q_pos0, kv, d, 0, d.n_kv_heads, out, nullptr);
 }
 
 void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, ThreadPool& pool) {
@@ -644,8 +673,10 @@ void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, 
     check_rows(items[i].n_q, items[i].q_pos0, items[i].kv.len);
   }
   const auto attend = HWY_DYNAMIC_DISPATCH(AttendHeadsF16Impl);
-  run_units(items, n, d, pool, [&](const AttnItemF16& it, const float* q, float* out, int n_q, int q_pos0, int kvh_begin,
-                                   int kvh_end) { attend(q, n_q, q_pos0, it.kv, d, kvh_begin, kvh_end, out); });
+  run_units(items, n, d, pool, [&](const KvBlocksF16& kv, const float* q, float* out, float* stats, int n_q, int q_pos0,
+                                   int kvh_begin, int kvh_end) {
+    attend(q, n_q, q_pos0, kv, d, kvh_begin, kvh_end, out, stats);
+  });
 }
 
 void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadPool& pool) {
@@ -654,8 +685,10 @@ void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadP
     check_rows(items[i].n_q, items[i].q_pos0, items[i].kv.len);
     check_format(kv_format(items[i].kv.dtype), d.head_dim);
   }
-  run_units(items, n, d, pool, [&](const AttnItem& it, const float* q, float* out, int n_q, int q_pos0, int kvh_begin,
-                                   int kvh_end) { kv_format(it.kv.dtype).attend(q, n_q, q_pos0, it.kv, d, kvh_begin, kvh_end, out); });
+  run_units(items, n, d, pool, [&](const KvBlocks& kv, const float* q, float* out, float* stats, int n_q, int q_pos0,
+                                   int kvh_begin, int kvh_end) {
+    kv_format(kv.dtype).attend(q, n_q, q_pos0, kv, d, kvh_begin, kvh_end, out, stats);
+  });
 }
 
 }  // namespace fd::kernels

@@ -113,6 +113,7 @@ void AttendTileScalar(const Tile& tile, const KvBlocks& kv, size_t head_bytes, i
       for (size_t c = 0; c < hd; ++c) acc[c] += p * v[c];
     }
     for (size_t c = 0; c < hd; ++c) tile.out[j][c] = acc[c] / l;
+    StoreStats(tile, j, m, l);
   }
 }
 
@@ -1243,7 +1244,10 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
     AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, gs, b, hd, st[i], kn, vn);
   });
   for (int i = 0; i < n_tiles; ++i)
-    for (int j = 0; j < NQ; ++j) StoreNormalized(df, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
+    for (int j = 0; j < NQ; ++j) {
+      StoreNormalized(df, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);
+      StoreStats(tiles[i], j, st[i].m[j], st[i].l[j]);
+    }
 }
 
 template <bool kQ4, class DK, class DF>
@@ -1288,8 +1292,8 @@ void RunGroupAnyWidth(const Tile* t, const int* kvh, int n, const KvBlocks& kv, 
 
 // Attention of all query rows and heads that read kv heads [kvh_begin, kvh_end).
 void AttendQuantHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
-                          const AttnDims& dims, int kvh_begin, int kvh_end, float* out) {
-  for_each_tile_group(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out,
+                          const AttnDims& dims, int kvh_begin, int kvh_end, float* out, float* stats) {
+  for_each_tile_group(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out, stats,
                       [&](const Tile* tiles, const int* kvh, int n) {
                         RunGroupAnyWidth(tiles, kvh, n, kv, head_bytes, dims.head_dim);
                       });
@@ -1306,8 +1310,8 @@ HWY_EXPORT(AttendQuantHeadsImpl);
 
 namespace detail {
 void attend_quant_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
-                        const AttnDims& d, int kvh_begin, int kvh_end, float* out) {
-  HWY_DYNAMIC_DISPATCH(AttendQuantHeadsImpl)(q, n_q, q_pos0, kv, head_bytes, d, kvh_begin, kvh_end, out);
+                        const AttnDims& d, int kvh_begin, int kvh_end, float* out, float* stats) {
+  HWY_DYNAMIC_DISPATCH(AttendQuantHeadsImpl)(q, n_q, q_pos0, kv, head_bytes, d, kvh_begin, kvh_end, out, stats);
 }
 }  // namespace detail
 

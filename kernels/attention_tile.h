@@ -21,15 +21,26 @@ constexpr int kMaxGroupQ = 32;
 struct Tile {
   const float* q[kMaxQ];  // each [head_dim]
   float* out[kMaxQ];      // each [head_dim]
+  float* stats[kMaxQ];    // each [2]: the softmax's max and denominator; null: not wanted
   int limit[kMaxQ];
   int n = 0;
 };
 
+// Where query j's softmax statistics go: {m, l} of out = sum_t exp(s_t - m) v_t / l, with
+// l = sum_t exp(s_t - m), s_t its scaled scores (attention_batch merges key ranges with them).
+inline void StoreStats(const Tile& tile, int j, float m, float l) {
+  if (float* st = tile.stats[j]) {
+    st[0] = m;
+    st[1] = l;
+  }
+}
+
 // Calls run(tile, kv_head) for every kv head in [kvh_begin, kvh_end) with the query vectors that
 // read it, at most kMaxQ at a time. q, out: [n_q][n_heads][head_dim]; row i sits at q_pos0 + i.
+// stats: null, or [n_q][n_heads][2] for the softmax statistics (StoreStats).
 template <class Run>
 void for_each_tile(const float* q, int n_q, int q_pos0, const AttnDims& dims, int kvh_begin,
-                   int kvh_end, float* out, const Run& run) {
+                   int kvh_end, float* out, float* stats, const Run& run) {
   const int g = dims.n_heads / dims.n_kv_heads;
   const size_t hd = static_cast<size_t>(dims.head_dim);
   for (int kvh = kvh_begin; kvh < kvh_end; ++kvh) {
@@ -39,6 +50,7 @@ void for_each_tile(const float* q, int n_q, int q_pos0, const AttnDims& dims, in
         const size_t off = (static_cast<size_t>(i) * dims.n_heads + kvh * g + jj) * hd;
         tile.q[tile.n] = q + off;
         tile.out[tile.n] = out + off;
+        tile.stats[tile.n] = stats == nullptr ? nullptr : stats + off / hd * 2;
         tile.limit[tile.n] = q_pos0 + i + 1;
         if (++tile.n == kMaxQ) {
           run(tile, kvh);
@@ -54,11 +66,11 @@ void for_each_tile(const float* q, int n_q, int q_pos0, const AttnDims& dims, in
 // tiles with the same number of query vectors, at most kMaxGroupQ vectors per group.
 template <class Run>
 void for_each_tile_group(const float* q, int n_q, int q_pos0, const AttnDims& dims, int kvh_begin,
-                         int kvh_end, float* out, const Run& run) {
+                         int kvh_end, float* out, float* stats, const Run& run) {
   Tile tiles[kMaxGroupQ];
   int heads[kMaxGroupQ];
   int n = 0;
-  for_each_tile(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out, [&](const Tile& tile, int kvh) {
+  for_each_tile(q, n_q, q_pos0, dims, kvh_begin, kvh_end, out, stats, [&](const Tile& tile, int kvh) {
     if (n > 0 && (tiles[0].n != tile.n || (n + 1) * tile.n > kMaxGroupQ)) {
       run(tiles, heads, n);
       n = 0;

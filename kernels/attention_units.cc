@@ -1,6 +1,9 @@
 #include "kernels/attention_units.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
 
 namespace fd::kernels {
 namespace {
@@ -33,6 +36,33 @@ std::vector<int> row_cuts(uint64_t pos0, int n, uint64_t parts) {
   return cuts;
 }
 
+// The units with each single-row unit's kv heads cut into key ranges of whole blocks of about
+// `limit` keys each (one kv head per unit; a head too short to cut keeps one unit).
+template <class Item>
+std::vector<AttnUnit> cut_key_ranges(const Item* items, const std::vector<AttnUnit>& units, uint64_t limit) {
+  std::vector<AttnUnit> out;
+  for (const AttnUnit& u : units) {
+    const Item& it = items[u.item];
+    if (it.n_q != 1) {
+      out.push_back(u);
+      continue;
+    }
+    const uint64_t keys = uint64_t(it.q_pos0) + 1, bt = uint64_t(std::max(it.kv.block_tokens, 1));
+    const uint64_t blocks = ceil_div(keys, bt), parts = std::min(blocks, ceil_div(keys, limit));
+    for (int h = u.kvh_begin; h < u.kvh_end; ++h) {
+      if (parts <= 1) {
+        out.push_back({u.item, h, h + 1, 0, 1, keys});
+        continue;
+      }
+      for (uint64_t p = 0; p < parts; ++p) {
+        const uint64_t k0 = blocks * p / parts * bt, k1 = std::min(keys, blocks * (p + 1) / parts * bt);
+        out.push_back({u.item, h, h + 1, 0, 1, k1 - k0, int(k0), int(k1)});
+      }
+    }
+  }
+  return out;
+}
+
 template <class Item>
 std::vector<AttnUnit> plan(const Item* items, size_t n, int kv_heads, int threads) {
   std::vector<AttnUnit> units;
@@ -60,6 +90,8 @@ std::vector<AttnUnit> plan(const Item* items, size_t n, int kv_heads, int thread
       }
     }
   }
+  if (threads > 1 && units.size() < size_t(threads))
+    units = cut_key_ranges(items, units, std::max<uint64_t>(ceil_div(total, uint64_t(threads)), kMinKeyRange));
   std::stable_sort(units.begin(), units.end(), [](const AttnUnit& a, const AttnUnit& b) { return a.cost > b.cost; });
   return units;
 }
@@ -72,5 +104,45 @@ std::vector<AttnUnit> plan_attention_units(const AttnItem* items, size_t n, int 
 std::vector<AttnUnit> plan_attention_units(const AttnItemF16* items, size_t n, int kv_heads, int threads) {
   return plan(items, n, kv_heads, threads);
 }
+
+template <class Item>
+void merge_key_ranges(const std::vector<AttnUnit>& units, const Item* items, const AttnDims& d,
+                      const float* part_out, const float* part_stats) {
+  const size_t hd = size_t(d.head_dim), heads = size_t(d.n_heads), g = heads / size_t(d.n_kv_heads);
+  // The key-range units' parts in plan order, grouped by item and kv head.
+  std::vector<std::pair<std::pair<size_t, int>, size_t>> parts;
+  for (const AttnUnit& u : units)
+    if (u.key_end > 0) parts.push_back({{u.item, u.kvh_begin}, parts.size()});
+  std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<float> w;  // the parts' weights l_p exp(m_p - M)
+  for (size_t first = 0; first < parts.size();) {
+    size_t last = first;
+    while (last < parts.size() && parts[last].first == parts[first].first) ++last;
+    const auto [item, kvh] = parts[first].first;
+    for (size_t h = size_t(kvh) * g; h < size_t(kvh + 1) * g; ++h) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (size_t i = first; i < last; ++i) m = std::max(m, part_stats[(parts[i].second * heads + h) * 2]);
+      // A NaN statistic (a NaN query or cached row) makes its weight, and so the output, NaN.
+      float sum = 0.0f;
+      w.resize(last - first);
+      for (size_t i = first; i < last; ++i) {
+        const float* st = part_stats + (parts[i].second * heads + h) * 2;
+        w[i - first] = st[1] * std::exp(st[0] - m);
+        sum += w[i - first];
+      }
+      float* out = items[item].out + h * hd;
+      for (size_t c = 0; c < hd; ++c) {
+        float acc = 0.0f;
+        for (size_t i = first; i < last; ++i) acc += w[i - first] * part_out[(parts[i].second * heads + h) * hd + c];
+        out[c] = acc / sum;
+      }
+    }
+    first = last;
+  }
+}
+template void merge_key_ranges(const std::vector<AttnUnit>&, const AttnItem*, const AttnDims&, const float*,
+                               const float*);
+template void merge_key_ranges(const std::vector<AttnUnit>&, const AttnItemF16*, const AttnDims&, const float*,
+                               const float*);
 
 }  // namespace fd::kernels

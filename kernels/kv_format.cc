@@ -46,18 +46,18 @@ float load_f32(const uint8_t* p) {
 class KvFormatBase : public KvFormat {
  public:
   void attend(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d,
-              int kvh_begin, int kvh_end, float* out) const override {
+              int kvh_begin, int kvh_end, float* out, float* stats) const override {
     detail::attend_heads(q, n_q, q_pos0, kv, head_block_bytes(kv.block_tokens, d.head_dim), d,
-                         kvh_begin, kvh_end, out);
+                         kvh_begin, kvh_end, out, stats);
   }
 };
 
 class QuantFormatBase : public KvFormat {
  public:
   void attend(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d,
-              int kvh_begin, int kvh_end, float* out) const override {
+              int kvh_begin, int kvh_end, float* out, float* stats) const override {
     detail::attend_quant_heads(q, n_q, q_pos0, kv, head_block_bytes(kv.block_tokens, d.head_dim), d,
-                               kvh_begin, kvh_end, out);
+                               kvh_begin, kvh_end, out, stats);
   }
 };
 

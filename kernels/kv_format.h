@@ -97,9 +97,10 @@ class KvFormat {
   virtual void unseal(KvPart, uint8_t* /*head_block*/, int /*head_dim*/, int /*block_tokens*/,
                       uint8_t* /*scratch*/) const {}
   // Attention of every query row and head reading kv heads [kvh_begin, kvh_end); arguments as in
-  // attention(). kv.dtype must be dtype().
+  // attention(). kv.dtype must be dtype(). stats: null, or [n_q][n_heads][2] for each output's
+  // softmax max and denominator (see StoreStats in kernels/attention_tile.h).
   virtual void attend(const float* q, int n_q, int q_pos0, const KvBlocks& kv, const AttnDims& d,
-                      int kvh_begin, int kvh_end, float* out) const = 0;
+                      int kvh_begin, int kvh_end, float* out, float* stats) const = 0;
 };
 
 // The format of a dtype (immutable, lives for the whole program).
@@ -112,10 +113,10 @@ namespace detail {
 // The per-target attention kernels for every dtype (kernels/attention.cc); head_bytes is the
 // format's head_block_bytes.
 void attend_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
-                  const AttnDims& d, int kvh_begin, int kvh_end, float* out);
+                  const AttnDims& d, int kvh_begin, int kvh_end, float* out, float* stats);
 // The same for the q8 and q4 formats (kernels/attention_quant.cc).
 void attend_quant_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,
-                        const AttnDims& d, int kvh_begin, int kvh_end, float* out);
+                        const AttnDims& d, int kvh_begin, int kvh_end, float* out, float* stats);
 
 // The key group or value chunk that holds item x of n, in runs of `run` items (the last one as
 // long as the items left): its first item and its length.

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -34,11 +36,13 @@ uint64_t total_cost(const std::vector<AttnItem>& items, int kv_heads) {
   return c;
 }
 
-// Every (item, kv head, row) in exactly one unit; rows cut only at multiples of
-// kUnitRowAlign; each unit's cost its keys; costliest first.
+// Every (item, kv head, row) in exactly one unit, or, for a single-row item, in key-range units
+// of one kv head whose ranges cover its keys once, cut at multiples of its block size; rows cut
+// only at multiples of kUnitRowAlign; each unit's cost its keys; costliest first.
 void check_cover(const std::vector<AttnItem>& items, int kv_heads, const std::vector<AttnUnit>& units) {
   std::vector<std::vector<int>> hits(items.size());
   for (size_t i = 0; i < items.size(); ++i) hits[i].assign(size_t(std::max(items[i].n_q, 0)) * kv_heads, 0);
+  std::map<std::pair<size_t, int>, std::vector<std::pair<int, int>>> ranges;  // (item, kv head): key ranges
   size_t bad_cut = 0, bad_cost = 0, bad_range = 0;
   for (const AttnUnit& u : units) {
     REQUIRE(u.item < items.size());
@@ -48,11 +52,30 @@ void check_cover(const std::vector<AttnItem>& items, int kv_heads, const std::ve
       ++bad_range;
       continue;
     }
+    if (u.key_end > 0) {
+      bad_range += it.n_q != 1 || u.kvh_end != u.kvh_begin + 1 || u.key_begin < 0 || u.key_begin >= u.key_end ||
+                   u.key_end > it.q_pos0 + 1;
+      bad_cost += u.cost != uint64_t(u.key_end - u.key_begin);
+      ranges[{u.item, u.kvh_begin}].push_back({u.key_begin, u.key_end});
+      continue;
+    }
     bad_cut += u.row_begin % fd::kernels::kUnitRowAlign != 0;
     bad_cut += u.row_end != it.n_q && u.row_end % fd::kernels::kUnitRowAlign != 0;
     bad_cost += u.cost != keys_of(it, u.row_begin, u.row_end) * uint64_t(u.kvh_end - u.kvh_begin);
     for (int h = u.kvh_begin; h < u.kvh_end; ++h)
       for (int r = u.row_begin; r < u.row_end; ++r) ++hits[u.item][size_t(r) * kv_heads + size_t(h)];
+  }
+  for (auto& [at, r] : ranges) {
+    const AttnItem& it = items[at.first];
+    const int bt = std::max(it.kv.block_tokens, 1);
+    std::sort(r.begin(), r.end());
+    int next = 0;
+    for (const auto& [k0, k1] : r) {
+      bad_cut += k0 != next || (k1 != it.q_pos0 + 1 && k1 % bt != 0);
+      next = k1;
+    }
+    bad_cut += next != it.q_pos0 + 1;
+    ++hits[at.first][size_t(at.second)];
   }
   CHECK(bad_range == 0);
   CHECK(bad_cut == 0);
@@ -140,4 +163,32 @@ TEST_CASE("Decode batches keep a sequence's kv heads in one unit when there are 
   const auto inline_units = fd::kernels::plan_attention_units(prefill.data(), 1, 4, 1);
   REQUIRE(inline_units.size() == 1);
   CHECK((inline_units[0].kvh_end == 4 && inline_units[0].row_end == 3000));
+}
+
+TEST_CASE("A few decoding sequences over fewer kv heads than threads are cut into key ranges of whole blocks",
+          "[attention]") {
+  AttnItem one = rows(1, 4095);
+  one.kv.block_tokens = 64;
+  for (int threads : {2, 4, 16}) {
+    INFO("threads " << threads);
+    const auto units = fd::kernels::plan_attention_units(&one, 1, 1, threads);
+    check_cover({one}, 1, units);
+    // 1/threads of the keys each, and kMinKeyRange at least.
+    CHECK(units.size() == size_t(std::min<uint64_t>(uint64_t(threads), 4096 / fd::kernels::kMinKeyRange)));
+    for (const AttnUnit& u : units) CHECK(u.key_end > 0);
+  }
+  // Eight kv heads over 16 threads: each head is cut in two.
+  const auto wide = fd::kernels::plan_attention_units(&one, 1, 8, 16);
+  check_cover({one}, 8, wide);
+  CHECK(wide.size() >= 16);
+  // A context of one block is not cut; nor are enough units (a kv head per thread) or a prefill.
+  AttnItem short_ctx = one;
+  short_ctx.q_pos0 = 40;
+  const auto whole = fd::kernels::plan_attention_units(&short_ctx, 1, 1, 4);
+  check_cover({short_ctx}, 1, whole);
+  CHECK(whole.size() == 1);
+  for (const auto& u : fd::kernels::plan_attention_units(&one, 1, 2, 2)) CHECK(u.key_end == 0);
+  AttnItem prompt = rows(2, 4094);
+  prompt.kv.block_tokens = 64;
+  for (const auto& u : fd::kernels::plan_attention_units(&prompt, 1, 1, 4)) CHECK(u.key_end == 0);
 }
