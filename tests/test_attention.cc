@@ -872,7 +872,8 @@ TEST_CASE("attention_batch cuts a long prefill into row ranges and still matches
   }
 }
 
-TEST_CASE("attention_batch cuts a few decoding sequences' keys into block ranges and merges them", "[attention]") {
+TEST_CASE("attention_batch cuts a few decoding sequences' keys into block ranges and merges them on every SIMD target",
+          "[attention]") {
   using fd::kernels::KvDtype;
   const int hd = 64, gqa = 4;
   for (int n_kv : {1, 2}) {
@@ -887,41 +888,45 @@ TEST_CASE("attention_batch cuts a few decoding sequences' keys into block ranges
       seqs.emplace_back(dt, n_kv, hd, 64, 2100, 11u);
       seqs.emplace_back(dt, n_kv, hd, 64, 2200, 12u);
       const std::vector<int> pos{2099, 2090};
-      std::vector<std::vector<float>> q, expect;
-      for (size_t s = 0; s < seqs.size(); ++s) {
-        q.push_back(random_q(qw, 2.0f, uint32_t(31 + s)));
-        expect.emplace_back(qw);
-        fd::kernels::attention(q[s].data(), 1, pos[s], seqs[s].view(), d, expect[s].data());
-      }
+      std::vector<std::vector<float>> q;
+      for (size_t s = 0; s < seqs.size(); ++s) q.push_back(random_q(qw, 2.0f, uint32_t(31 + s)));
       q[1][size_t(n_heads - 1) * hd + 3] = std::numeric_limits<float>::quiet_NaN();  // the last query head
-      fd::kernels::attention(q[1].data(), 1, pos[1], seqs[1].view(), d, expect[1].data());
-      for (int threads : {2 * n_kv + 1, 8}) {  // more threads than the 2 * n_kv (item, kv head) units
-        INFO("kv heads " << n_kv << " dtype " << fd::kernels::kv_dtype_name(dt) << " threads " << threads);
-        std::vector<std::vector<float>> out(seqs.size(), std::vector<float>(qw, -7.0f));
-        std::vector<fd::kernels::AttnItem> items;
-        for (size_t s = 0; s < seqs.size(); ++s) items.push_back({q[s].data(), out[s].data(), 1, pos[s], seqs[s].view()});
-        size_t ranges = 0;
-        for (const auto& u : fd::kernels::plan_attention_units(items.data(), items.size(), n_kv, threads))
-          ranges += u.key_end > 0;
-        CHECK(ranges > size_t(2 * n_kv));  // else this would not test the cut
-        fd::kernels::ThreadPool pool(threads);
-        fd::kernels::attention_batch(items.data(), items.size(), d, pool);
-        // One pass and the merged ranges differ only in fp32 rounding: the weights' integers of the
-        // quantized formats are rounded per tile, and tiles do not cross blocks. Each output is a
-        // convex combination of values within +-1, so the rounding moves it by a few fp32 ulp of 1
-        // per fold step (a few hundred at most).
-        size_t bad = 0, nan_ok = 0;
-        for (size_t s = 0; s < seqs.size(); ++s)
-          for (size_t i = 0; i < qw; ++i) {
-            if (std::isnan(expect[s][i])) {
-              nan_ok += std::isnan(out[s][i]);
-              continue;
+      for_each_kernel_target([&](int64_t target) {
+        std::vector<std::vector<float>> expect;
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          expect.emplace_back(qw);
+          fd::kernels::attention(q[s].data(), 1, pos[s], seqs[s].view(), d, expect[s].data());
+        }
+        for (int threads : {2 * n_kv + 1, 8}) {  // more threads than the 2 * n_kv (item, kv head) units
+          INFO("target " << hwy::TargetName(target) << " kv heads " << n_kv << " dtype "
+                         << fd::kernels::kv_dtype_name(dt) << " threads " << threads);
+          std::vector<std::vector<float>> out(seqs.size(), std::vector<float>(qw, -7.0f));
+          std::vector<fd::kernels::AttnItem> items;
+          for (size_t s = 0; s < seqs.size(); ++s)
+            items.push_back({q[s].data(), out[s].data(), 1, pos[s], seqs[s].view()});
+          size_t ranges = 0;
+          for (const auto& u : fd::kernels::plan_attention_units(items.data(), items.size(), n_kv, threads))
+            ranges += u.key_end > 0;
+          CHECK(ranges > size_t(2 * n_kv));  // else this would not test the cut
+          fd::kernels::ThreadPool pool(threads);
+          fd::kernels::attention_batch(items.data(), items.size(), d, pool);
+          // One pass and the merged ranges differ only in fp32 rounding: the weights' integers of
+          // the quantized formats are rounded per tile, and tiles do not cross blocks. Each output
+          // is a convex combination of values within +-1, so the rounding moves it by a few fp32
+          // ulp of 1 per fold step (a few hundred at most).
+          size_t bad = 0, nan_ok = 0;
+          for (size_t s = 0; s < seqs.size(); ++s)
+            for (size_t i = 0; i < qw; ++i) {
+              if (std::isnan(expect[s][i])) {
+                nan_ok += std::isnan(out[s][i]);
+                continue;
+              }
+              bad += !(std::fabs(out[s][i] - expect[s][i]) <= 2e-5f);
             }
-            bad += !(std::fabs(out[s][i] - expect[s][i]) <= 2e-5f);
-          }
-        CHECK(bad == 0);
-        CHECK(nan_ok == size_t(hd));  // the NaN query head's outputs, and no other's
-      }
+          CHECK(bad == 0);
+          CHECK(nan_ok == size_t(hd));  // the NaN query head's outputs, and no other's
+        }
+      });
     }
   }
 }
