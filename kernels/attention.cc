@@ -611,16 +611,15 @@ template <class Item, class Fn>
 void run_units(const Item* items, size_t n, const AttnDims& d, ThreadPool& pool, const Fn& fn) {
   const std::vector<AttnUnit> units = plan_attention_units(items, n, d.n_kv_heads, pool.threads());
   const size_t row_floats = static_cast<size_t>(d.n_heads) * static_cast<size_t>(d.head_dim);
-  std::vector<size_t> part(units.size());  // a key-range unit's place in the scratch
-  size_t parts = 0;
-  for (size_t u = 0; u < units.size(); ++u) part[u] = units[u].key_end > 0 ? parts++ : 0;
+  const size_t parts = static_cast<size_t>(std::count_if(units.begin(), units.end(), [](const AttnUnit& u) { return u.part >= 0; }));
   std::vector<float> part_out(parts * row_floats), part_stats(parts * static_cast<size_t>(d.n_heads) * 2);
   pool.run(units.size(), [&](size_t u) {
     const AttnUnit& w = units[u];
     const Item& it = items[w.item];
     if (w.key_end > 0) {  // the item's one row over keys [key_begin, key_end)
-      fn(key_range(it.kv, w.key_begin), it.q, part_out.data() + part[u] * row_floats,
-         part_stats.data() + part[u] * static_cast<size_t>(d.n_heads) * 2, 1, w.key_end - w.key_begin - 1,
+      const size_t p = static_cast<size_t>(w.part);
+      fn(key_range(it.kv, w.key_begin), it.q, part_out.data() + p * row_floats,
+         part_stats.data() + p * static_cast<size_t>(d.n_heads) * 2, 1, w.key_end - w.key_begin - 1,
          w.kvh_begin, w.kvh_end);
       return;
     }

@@ -93,6 +93,9 @@ std::vector<AttnUnit> plan(const Item* items, size_t n, int kv_heads, int thread
   if (threads > 1 && units.size() < size_t(threads))
     units = cut_key_ranges(items, units, std::max<uint64_t>(ceil_div(total, uint64_t(threads)), kMinKeyRange));
   std::stable_sort(units.begin(), units.end(), [](const AttnUnit& a, const AttnUnit& b) { return a.cost > b.cost; });
+  int parts = 0;
+  for (AttnUnit& u : units)
+    if (u.key_end > 0) u.part = parts++;
   return units;
 }
 
@@ -109,10 +112,10 @@ template <class Item>
 void merge_key_ranges(const std::vector<AttnUnit>& units, const Item* items, const AttnDims& d,
                       const float* part_out, const float* part_stats) {
   const size_t hd = size_t(d.head_dim), heads = size_t(d.n_heads), g = heads / size_t(d.n_kv_heads);
-  // The key-range units' parts in plan order, grouped by item and kv head.
+  // The key-range units' parts, grouped by item and kv head.
   std::vector<std::pair<std::pair<size_t, int>, size_t>> parts;
   for (const AttnUnit& u : units)
-    if (u.key_end > 0) parts.push_back({{u.item, u.kvh_begin}, parts.size()});
+    if (u.key_end > 0) parts.push_back({{u.item, u.kvh_begin}, size_t(u.part)});
   std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<float> w;  // the parts' weights l_p exp(m_p - M)
   for (size_t first = 0; first < parts.size();) {

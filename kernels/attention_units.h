@@ -17,6 +17,7 @@ struct AttnUnit {
   int row_begin = 0, row_end = 0;
   uint64_t cost = 0;  // keys the unit's rows see, summed over its rows and kv heads
   int key_begin = 0, key_end = 0;
+  int part = -1;  // a key-range unit's slot in the call's scratch: 0, 1, ... in plan order; else -1
 };
 
 // Rows of a prefill are cut only at multiples of this: a tile holds kMaxQ consecutive query
@@ -42,8 +43,8 @@ std::vector<AttnUnit> plan_attention_units(const AttnItem* items, size_t n, int 
 std::vector<AttnUnit> plan_attention_units(const AttnItemF16* items, size_t n, int kv_heads, int threads);
 
 // The outputs of the key-range units (key_end > 0) of a plan, merged into their items' outputs:
-// part_out [parts][n_heads][head_dim] and part_stats [parts][n_heads][2] hold, for the p-th
-// key-range unit in plan order, its row's outputs and softmax statistics (max m, denominator l)
+// part_out [parts][n_heads][head_dim] and part_stats [parts][n_heads][2] hold, for the key-range
+// unit of part p, its row's outputs and softmax statistics (max m, denominator l)
 // for the query heads of its kv head; each query head's output becomes
 // sum_p l_p exp(m_p - M) out_p / sum_p l_p exp(m_p - M), M the largest m_p.
 template <class Item>

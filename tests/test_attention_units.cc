@@ -43,9 +43,11 @@ void check_cover(const std::vector<AttnItem>& items, int kv_heads, const std::ve
   std::vector<std::vector<int>> hits(items.size());
   for (size_t i = 0; i < items.size(); ++i) hits[i].assign(size_t(std::max(items[i].n_q, 0)) * kv_heads, 0);
   std::map<std::pair<size_t, int>, std::vector<std::pair<int, int>>> ranges;  // (item, kv head): key ranges
-  size_t bad_cut = 0, bad_cost = 0, bad_range = 0;
+  size_t bad_cut = 0, bad_cost = 0, bad_range = 0, bad_part = 0;
+  int parts = 0;  // key-range units take the scratch slots 0, 1, ... in plan order
   for (const AttnUnit& u : units) {
     REQUIRE(u.item < items.size());
+    bad_part += u.part != (u.key_end > 0 ? parts++ : -1);
     const AttnItem& it = items[u.item];
     if (u.kvh_begin < 0 || u.kvh_end > kv_heads || u.kvh_begin >= u.kvh_end || u.row_begin < 0 ||
         u.row_end > it.n_q || u.row_begin >= u.row_end) {
@@ -78,6 +80,7 @@ void check_cover(const std::vector<AttnItem>& items, int kv_heads, const std::ve
     ++hits[at.first][size_t(at.second)];
   }
   CHECK(bad_range == 0);
+  CHECK(bad_part == 0);
   CHECK(bad_cut == 0);
   CHECK(bad_cost == 0);
   size_t not_once = 0;
