@@ -611,12 +611,13 @@ template <class Item, class Fn>
 void run_units(const Item* items, size_t n, const AttnDims& d, ThreadPool& pool, const Fn& fn) {
   const std::vector<AttnUnit> units = plan_attention_units(items, n, d.n_kv_heads, pool.threads());
   const size_t row_floats = static_cast<size_t>(d.n_heads) * static_cast<size_t>(d.head_dim);
-  const size_t parts = static_cast<size_t>(std::count_if(units.begin(), units.end(), [](const AttnUnit& u) { return u.part >= 0; }));
+  const auto key_range_unit = [](const AttnUnit& u) { return u.part >= 0; };
+  const size_t parts = static_cast<size_t>(std::count_if(units.begin(), units.end(), key_range_unit));
   std::vector<float> part_out(parts * row_floats), part_stats(parts * static_cast<size_t>(d.n_heads) * 2);
   pool.run(units.size(), [&](size_t u) {
     const AttnUnit& w = units[u];
     const Item& it = items[w.item];
-    if (w.key_end > 0) {  // the item's one row over keys [key_begin, key_end)
+    if (key_range_unit(w)) {  // the item's one row over keys [key_begin, key_end)
       const size_t p = static_cast<size_t>(w.part);
       fn(key_range(it.kv, w.key_begin), it.q, part_out.data() + p * row_floats,
          part_stats.data() + p * static_cast<size_t>(d.n_heads) * 2, 1, w.key_end - w.key_begin - 1,

@@ -115,7 +115,7 @@ void merge_key_ranges(const std::vector<AttnUnit>& units, const Item* items, con
   // The key-range units' parts, grouped by item and kv head.
   std::vector<std::pair<std::pair<size_t, int>, size_t>> parts;
   for (const AttnUnit& u : units)
-    if (u.key_end > 0) parts.push_back({{u.item, u.kvh_begin}, size_t(u.part)});
+    if (u.part >= 0) parts.push_back({{u.item, u.kvh_begin}, size_t(u.part)});
   std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<float> w;  // the parts' weights l_p exp(m_p - M)
   for (size_t first = 0; first < parts.size();) {
