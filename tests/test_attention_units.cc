@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
-#include <utility>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention_units.h"
