@@ -132,29 +132,37 @@ uint32_t KvStore::next_page(const std::vector<uint32_t>& pages) const {
 }
 
 void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n) {
-  append_rows(seq, layer, pos0, k, v, n, scratch_[0].data());
+  write_rows(checked_append(seq, layer, pos0, n), layer, pos0, k, v, n, scratch_[0].data());
 }
 
 void KvStore::append_batch(int layer, const KvAppend* items, size_t n, kernels::ThreadPool& pool) {
-  std::vector<uint64_t> ids(n);
-  for (size_t i = 0; i < n; ++i) ids[i] = items[i].seq;
-  std::sort(ids.begin(), ids.end());
-  if (n < 2 || std::adjacent_find(ids.begin(), ids.end()) != ids.end()) {
+  // A repeated sequence's later items depend on its earlier ones (their lengths), so such a batch
+  // is checked and written item by item, in order.
+  ++batches_;
+  bool repeated = false;
+  for (size_t i = 0; i < n && !repeated; ++i) {
+    const auto it = seqs_.find(items[i].seq);
+    if (it == seqs_.end()) continue;  // checked_append names it below
+    repeated = it->second.batch == batches_;
+    it->second.batch = batches_;
+  }
+  if (n < 2 || repeated) {
     for (size_t i = 0; i < n; ++i) append(items[i].seq, layer, items[i].pos0, items[i].k, items[i].v, items[i].n);
     return;
   }
+  batch_seqs_.resize(n);
+  for (size_t i = 0; i < n; ++i) batch_seqs_[i] = &checked_append(items[i].seq, layer, items[i].pos0, items[i].n);
   // A few chunks per thread, handed out as threads free up (prefill items differ in size), each
   // with its own seal scratch.
   const size_t chunks = std::min(n, static_cast<size_t>(4 * pool.threads()));
   if (scratch_.size() < chunks) scratch_.resize(chunks, std::vector<uint8_t>(head_bytes_));
   pool.run(chunks, [&](size_t c) {
     for (size_t i = c * n / chunks; i < (c + 1) * n / chunks; ++i)
-      append_rows(items[i].seq, layer, items[i].pos0, items[i].k, items[i].v, items[i].n, scratch_[c].data());
+      write_rows(*batch_seqs_[i], layer, items[i].pos0, items[i].k, items[i].v, items[i].n, scratch_[c].data());
   });
 }
 
-void KvStore::append_rows(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n,
-                          uint8_t* scratch) {
+KvStore::Seq& KvStore::checked_append(uint64_t seq, int layer, int pos0, int n) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end())
     throw Error("KV-cache has no sequence " + std::to_string(seq) + " to append to.");
@@ -168,12 +176,18 @@ void KvStore::append_rows(uint64_t seq, int layer, int pos0, const uint16_t* k, 
     throw Error("KV-cache append to sequence " + std::to_string(seq) + " layer " +
                 std::to_string(layer) + " starts at position " + std::to_string(pos0) +
                 " but the layer holds " + std::to_string(cur) + " tokens.");
-  const size_t bt = static_cast<size_t>(cfg_.block_tokens);
-  const size_t reserved = s.pages.size() * bt;
+  const size_t reserved = s.pages.size() * static_cast<size_t>(cfg_.block_tokens);
   if (n < 0 || static_cast<size_t>(pos0) + static_cast<size_t>(n) > reserved)
     throw Error("KV-cache append of " + std::to_string(n) + " tokens at position " +
                 std::to_string(pos0) + " exceeds the " + std::to_string(reserved) +
                 " tokens reserved for sequence " + std::to_string(seq) + ".");
+  return s;
+}
+
+void KvStore::write_rows(Seq& s, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n,
+                         uint8_t* scratch) {
+  const size_t bt = static_cast<size_t>(cfg_.block_tokens);
+  const int cur = s.len[static_cast<size_t>(layer)];
   const size_t row = static_cast<size_t>(cfg_.n_kv_heads) * cfg_.head_dim;  // fp16 values
   auto& kb = s.kb[static_cast<size_t>(layer)];
   auto& vb = s.vb[static_cast<size_t>(layer)];

@@ -61,8 +61,9 @@ class KvStore {
   // first, for retried steps); the range must be reserved.
   void append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n);
   // append() of items [0, n) to one layer, spread over the pool's threads (distinct sequences
-  // write distinct pages). A sequence listed twice makes the whole batch run in list order on the
-  // calling thread. Throws the first error; other items' rows may have been written then.
+  // write distinct pages). Every item is checked before any is written, so a batch that throws
+  // changes nothing. A sequence listed twice makes the whole batch run in list order on the
+  // calling thread, each item checked as it comes (its items before the failing one stay written).
   void append_batch(int layer, const KvAppend* items, size_t n, kernels::ThreadPool& pool);
   int length(uint64_t seq, int layer) const;  // 0 for an unknown sequence
   bool contains(uint64_t seq) const { return seqs_.count(seq) != 0; }
@@ -85,13 +86,16 @@ class KvStore {
     std::vector<int> len;                           // [n_layers]
     std::vector<std::vector<const uint16_t*>> k, v; // [n_layers][pages] block pointers (f16)
     std::vector<std::vector<const uint8_t*>> kb, vb; // [n_layers][pages] the same, as bytes
+    uint64_t batch = 0;  // the last append_batch that listed it (batches_), to find repeats
   };
   // The sequence, or null when it holds nothing; throws fd::Error for a layer the store lacks.
   const Seq* find_for_view(uint64_t seq, int layer) const;
-  // append() with the given seal scratch [head_bytes_], so that appends with their own may run
-  // at once.
-  void append_rows(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n,
-                   uint8_t* scratch);
+  // The sequence an append() of rows [pos0, pos0 + n) of a layer writes; throws fd::Error naming
+  // what is wrong with the append.
+  Seq& checked_append(uint64_t seq, int layer, int pos0, int n);
+  // Writes a checked append, with the given seal scratch [head_bytes_], so that appends with their
+  // own may run at once.
+  void write_rows(Seq& s, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n, uint8_t* scratch);
   // The page a sequence whose pages are `pages` takes next (one must be free): the one after its
   // last when that is free, so that its pages stay one run of memory per layer; else the middle of
   // the longest run of free pages, which leaves the run's second half for it to grow into and the
@@ -128,6 +132,8 @@ class KvStore {
   // KvFormat::seal's scratch [head_bytes_]: [0] for append(), one per chunk of append_batch().
   std::vector<std::vector<uint8_t>> scratch_;
   std::unordered_map<uint64_t, Seq> seqs_;
+  uint64_t batches_ = 0;             // append_batch calls so far
+  std::vector<Seq*> batch_seqs_;     // [items] of the current append_batch, kept to reuse
 };
 
 }  // namespace fd

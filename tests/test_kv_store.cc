@@ -361,7 +361,9 @@ TEST_CASE("KvStore with a quantized dtype encodes rows through its KvFormat", "[
   CHECK_THROWS_AS(fd::KvStore(c), fd::Error);  // q4 needs head_dim % 32 == 0
 }
 
-TEST_CASE("KvStore append_batch writes what append writes, over threads and with repeated sequences", "[kv]") {
+TEST_CASE("KvStore append_batch writes what append writes, over threads and with repeated sequences, "
+          "and nothing when an item fails",
+          "[kv]") {
   using fd::kernels::KvDtype;
   for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
     for (int threads : {1, 2}) {
@@ -411,9 +413,14 @@ TEST_CASE("KvStore append_batch writes what append writes, over threads and with
           }
         }
       CHECK(bad == 0);
-      // An item past its reservation: the batch throws the store's error.
+      // An item past its reservation: the batch throws the store's error before it writes the
+      // valid item listed first, and an unknown sequence likewise.
       const auto k = rows(c, 0, 0, 0, 0, 8), v = rows(c, 0, 0, 1, 0, 8);
       const fd::KvAppend bad_items[] = {{1, 4, 1, k.data(), v.data()}, {0, 2, 8, k.data(), v.data()}};
       CHECK_THROWS_WITH(batched.append_batch(0, bad_items, 2, pool), Catch::Contains("exceeds the"));
+      CHECK(batched.length(1, 0) == prefill[1] + 1);
+      const fd::KvAppend unknown[] = {{1, 4, 1, k.data(), v.data()}, {99, 0, 1, k.data(), v.data()}};
+      CHECK_THROWS_WITH(batched.append_batch(0, unknown, 2, pool), Catch::Contains("no sequence 99"));
+      CHECK(batched.length(1, 0) == prefill[1] + 1);
     }
 }
