@@ -132,8 +132,8 @@ class KvStore {
   // KvFormat::seal's scratch [head_bytes_]: [0] for append(), one per chunk of append_batch().
   std::vector<std::vector<uint8_t>> scratch_;
   std::unordered_map<uint64_t, Seq> seqs_;
-  uint64_t batches_ = 0;             // append_batch calls so far
-  std::vector<Seq*> batch_seqs_;     // [items] of the current append_batch, kept to reuse
+  uint64_t batches_ = 0;          // append_batch calls so far
+  std::vector<Seq*> batch_seqs_;  // [items] of the current append_batch, kept to reuse
 };
 
 }  // namespace fd
