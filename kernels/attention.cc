@@ -78,14 +78,14 @@ HWY_INLINE int PageTouchVisits(size_t head_bytes) {
   return !__builtin_cpu_is("amd") && 4 * head_bytes <= kL1FetchBytes ? 2 : 0;
 }
 
-// Fetches the first two lines of each 4 KiB page of [p, p + bytes) into L2: two ascending misses
-// start the L2 streamer on the page.
+// Fetches the first two lines of each 4 KiB page of [p, p + bytes) that lie in the range into L2:
+// two ascending misses start the L2 streamer on the page.
 HWY_INLINE void TouchPages(const uint8_t* p, size_t bytes) {
   constexpr uintptr_t kPage = 4096;
   const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
   for (uintptr_t at = begin & ~uintptr_t(63); at < end; at = (at & ~(kPage - 1)) + kPage) {
     __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 2);  // prefetcht1
-    __builtin_prefetch(reinterpret_cast<const void*>(at + 64), 0, 2);
+    if (at + 64 < end) __builtin_prefetch(reinterpret_cast<const void*>(at + 64), 0, 2);
   }
 }
 

@@ -1102,7 +1102,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const size_t L = hn::Lanes(df);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   const size_t groups = hd / 32;
-  const size_t data_off = gs.data_off, pf_pace = gs.pf_pace;
+  const size_t head_bytes = gs.head_bytes, data_off = gs.data_off, pf_pace = gs.pf_pace;
   const bool fetch_while_summing = gs.fetch_while_summing, gfni = gs.gfni;
 
   const uint8_t* kb = Bytes(kv.k[b]) + st.head_off;
@@ -1116,7 +1116,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     const int n = static_cast<int>(std::min<size_t>(kTileT, bn - tb));
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
-    const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? gs.head_bytes : (tb + n) * pf_pace;
+    const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
     const NextShare next(kn, vn, pf_begin, pf_end, SplitOfFetch<NQ>(fetch_while_summing));
     if (sealed) {
       if constexpr (!kQ4)
