@@ -90,7 +90,7 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
                  "the KV bytes read, tokens/s the sequences served per second for that layer, ratio\n"
                  "is GB/s over the streaming read bandwidth of the same threads. The listed kv dtypes\n"
                  "of a shape are measured together, in rounds of one pass over each one's layers,\n"
-                 "with a full read of --stream-size after every eighth of --min-time (3 at least),\n"
+                 "with a full read of --stream-size after every eighth of --min-time (3 if it is 0),\n"
                  "so that their tokens/s and the bandwidth (the median of those reads, stream_reads\n"
                  "in --json) span the same time; their stores are all held meanwhile.\n"
                  "Layers of the same shape are read in turn (--cold-size), so that, as in decoding,\n"
@@ -285,37 +285,32 @@ constexpr int kStreamReadsPerMinTime = 8;
 
 // Measures the cases of one shape (one per listed dtype) together, in rounds of one timed pass over
 // every layer of each case in turn, until each case has --min-time of calls; a full read of the
-// stream probe follows the round in which every case passed another eighth of --min-time, and
-// there are 3 reads at least. So the cases, and the bandwidth they are compared with, span the
-// same stretch of time: measured one after the other, they drifted with the host (on the AMD EPYC
-// guest the stream read 13-24 GB/s within one grid). With a read after every round, calls of
-// microseconds made tens of thousands of reads: --threads 1 --cold-size 0 --ctx 128,512 --batch 1,2
-// --min-time 0.5 --stream-size 256MiB had not finished after 11 minutes; it takes 10 s now.
+// stream probe follows the first round in which every case passed the next eighth of --min-time
+// (8 reads; 3 rounds' when --min-time is 0). So the cases, and the bandwidth they are compared
+// with, span the same stretch of time: measured one after the other, they drifted with the host
+// (on the AMD EPYC guest the stream read 13-24 GB/s within one grid). With a read after every
+// round, calls of microseconds made tens of thousands of reads: --threads 1 --cold-size 0 --ctx
+// 128,512 --batch 1,2 --min-time 0.5 --stream-size 256MiB had not finished after 11 minutes; it
+// takes 10 s now. The eighths are k/8 of --min-time, not an eighth after the last read: a pass
+// stretched by a preempted thread then ran one eighth into the next, and a read was lost.
 StreamResult measure_together(const BenchOptions& o, kernels::ThreadPool& pool, StreamProbe& probe,
                               std::vector<std::unique_ptr<AttentionCase>>& cases) {
   for (auto& c : cases) c->warm(pool);
   std::vector<double> streams;
-  std::vector<double> at_read(cases.size(), 0.0);  // each case's timed seconds at the last read
-  const auto read_due = [&] {
-    for (size_t i = 0; i < cases.size(); ++i)
-      if (cases[i]->seconds() - at_read[i] < o.min_time / kStreamReadsPerMinTime) return false;
-    return true;
-  };
-  const auto done = [&] {
-    if (streams.size() < 3) return false;
+  const auto passed = [&](double seconds) {
     for (const auto& c : cases)
-      if (c->seconds() < o.min_time) return false;
+      if (c->seconds() < seconds) return false;
     return true;
   };
-  while (!done()) {
+  // A read at each eighth (the eighth one at --min-time itself), or 3 when --min-time is 0.
+  const size_t reads = o.min_time > 0 ? kStreamReadsPerMinTime : 3;
+  while (streams.size() < reads) {
     for (auto& c : cases) {
       if (o.cold_bytes == 0) c->warm(pool);  // meant hot in cache: back in after the others
       c->pass(pool);
     }
-    if (read_due()) {
+    if (passed(o.min_time * double(streams.size() + 1) / kStreamReadsPerMinTime))
       streams.push_back(probe.gbps(pool, 1));
-      for (size_t i = 0; i < cases.size(); ++i) at_read[i] = cases[i]->seconds();
-    }
   }
   return {median(streams), static_cast<int>(streams.size())};
 }
