@@ -285,8 +285,8 @@ constexpr int kStreamReadsPerMinTime = 8;
 
 // Measures the cases of one shape (one per listed dtype) together, in rounds of one timed pass over
 // every layer of each case in turn, until each case has --min-time of calls; a full read of the
-// stream probe follows the first round in which every case passed the next eighth of --min-time
-// (8 reads; 3 rounds' when --min-time is 0). So the cases, and the bandwidth they are compared
+// stream probe follows the round in which every case passed each eighth of --min-time (8 reads;
+// with --min-time 0, one after each of 3 rounds). So the cases, and the bandwidth they are compared
 // with, span the same stretch of time: measured one after the other, they drifted with the host
 // (on the AMD EPYC guest the stream read 13-24 GB/s within one grid). With a read after every
 // round, calls of microseconds made tens of thousands of reads: --threads 1 --cold-size 0 --ctx
@@ -302,15 +302,19 @@ StreamResult measure_together(const BenchOptions& o, kernels::ThreadPool& pool, 
       if (c->seconds() < seconds) return false;
     return true;
   };
-  // A read at each eighth (the eighth one at --min-time itself), or 3 when --min-time is 0.
+  // A read at each eighth (the last at --min-time itself), or 3 when --min-time is 0.
   const size_t reads = o.min_time > 0 ? kStreamReadsPerMinTime : 3;
   while (streams.size() < reads) {
     for (auto& c : cases) {
       if (o.cold_bytes == 0) c->warm(pool);  // meant hot in cache: back in after the others
       c->pass(pool);
     }
-    if (passed(o.min_time * double(streams.size() + 1) / kStreamReadsPerMinTime))
+    // The reads owed to the eighths every case has passed: after a pass that ran long (a thread
+    // preempted), several in a row; with --min-time 0, one per round.
+    while (streams.size() < reads && passed(o.min_time * double(streams.size() + 1) / kStreamReadsPerMinTime)) {
       streams.push_back(probe.gbps(pool, 1));
+      if (o.min_time == 0) break;
+    }
   }
   return {median(streams), static_cast<int>(streams.size())};
 }
