@@ -132,26 +132,26 @@ uint32_t KvStore::next_page(const std::vector<uint32_t>& pages) const {
 }
 
 void KvStore::append(uint64_t seq, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n) {
-  write_rows(checked_append(seq, layer, pos0, n), layer, pos0, k, v, n, scratch_[0].data());
+  write_rows(checked_append(find_seq(seq), seq, layer, pos0, n), layer, pos0, k, v, n, scratch_[0].data());
 }
 
 void KvStore::append_batch(int layer, const KvAppend* items, size_t n, kernels::ThreadPool& pool) {
   // A repeated sequence's later items depend on its earlier ones (their lengths), so such a batch
   // is checked and written item by item, in order.
   ++batches_;
+  batch_seqs_.resize(n);
   bool repeated = false;
   for (size_t i = 0; i < n && !repeated; ++i) {
-    const auto it = seqs_.find(items[i].seq);
-    if (it == seqs_.end()) continue;  // checked_append names it below
-    repeated = it->second.batch == batches_;
-    it->second.batch = batches_;
+    Seq* s = batch_seqs_[i] = find_seq(items[i].seq);
+    if (s == nullptr) continue;  // checked_append names it below
+    repeated = s->batch == batches_;
+    s->batch = batches_;
   }
   if (n < 2 || repeated) {
     for (size_t i = 0; i < n; ++i) append(items[i].seq, layer, items[i].pos0, items[i].k, items[i].v, items[i].n);
     return;
   }
-  batch_seqs_.resize(n);
-  for (size_t i = 0; i < n; ++i) batch_seqs_[i] = &checked_append(items[i].seq, layer, items[i].pos0, items[i].n);
+  for (size_t i = 0; i < n; ++i) checked_append(batch_seqs_[i], items[i].seq, layer, items[i].pos0, items[i].n);
   // A few chunks per thread, handed out as threads free up (prefill items differ in size), each
   // with its own seal scratch.
   const size_t chunks = std::min(n, static_cast<size_t>(4 * pool.threads()));
@@ -162,14 +162,18 @@ void KvStore::append_batch(int layer, const KvAppend* items, size_t n, kernels::
   });
 }
 
-KvStore::Seq& KvStore::checked_append(uint64_t seq, int layer, int pos0, int n) {
+KvStore::Seq* KvStore::find_seq(uint64_t seq) {
   const auto it = seqs_.find(seq);
-  if (it == seqs_.end())
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+KvStore::Seq& KvStore::checked_append(Seq* found, uint64_t seq, int layer, int pos0, int n) {
+  if (found == nullptr)
     throw Error("KV-cache has no sequence " + std::to_string(seq) + " to append to.");
   if (layer < 0 || layer >= cfg_.n_layers)
     throw Error("KV-cache has no layer " + std::to_string(layer) + " (it holds " +
                 std::to_string(cfg_.n_layers) + ").");
-  Seq& s = it->second;
+  Seq& s = *found;
   const int cur = s.len[static_cast<size_t>(layer)];
   // pos0 < cur rewinds: a step retried after a shard failure rewrites the rows it already gave.
   if (pos0 < 0 || pos0 > cur)

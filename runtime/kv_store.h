@@ -90,9 +90,10 @@ class KvStore {
   };
   // The sequence, or null when it holds nothing; throws fd::Error for a layer the store lacks.
   const Seq* find_for_view(uint64_t seq, int layer) const;
-  // The sequence an append() of rows [pos0, pos0 + n) of a layer writes; throws fd::Error naming
-  // what is wrong with the append.
-  Seq& checked_append(uint64_t seq, int layer, int pos0, int n);
+  Seq* find_seq(uint64_t seq);  // null for an unknown sequence
+  // found (find_seq(seq)), when an append() of rows [pos0, pos0 + n) of a layer may write it;
+  // throws fd::Error naming what is wrong with the append.
+  Seq& checked_append(Seq* found, uint64_t seq, int layer, int pos0, int n);
   // Writes a checked append, with the given seal scratch [head_bytes_], so that appends with their
   // own may run at once.
   void write_rows(Seq& s, int layer, int pos0, const uint16_t* k, const uint16_t* v, int n, uint8_t* scratch);
