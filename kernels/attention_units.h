@@ -42,7 +42,7 @@ constexpr uint64_t kMinKeyRange = 1024;
 std::vector<AttnUnit> plan_attention_units(const AttnItem* items, size_t n, int kv_heads, int threads);
 std::vector<AttnUnit> plan_attention_units(const AttnItemF16* items, size_t n, int kv_heads, int threads);
 
-// The outputs of the key-range units (key_end > 0) of a plan, merged into their items' outputs:
+// The outputs of the key-range units (part >= 0) of a plan, merged into their items' outputs:
 // part_out [parts][n_heads][head_dim] and part_stats [parts][n_heads][2] hold, for the key-range
 // unit of part p, its row's outputs and softmax statistics (max m, denominator l)
 // for the query heads of its kv head; each query head's output becomes
