@@ -104,24 +104,25 @@ struct FetchSplit {
 // 0.97x as fast, so tiles of more queries keep {10, 0, 0, 0}.
 constexpr FetchSplit kFetchWhileFolding = {7, 3, 0, 3};
 constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
-// Off AMD (not measured on AMD), for tiles of up to four queries: a share of both the K and the V
-// in every phase. Intel Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx 4096 batch 16, 4
-// layers, 537 MB), two builds in one process, 30 alternating passes each, median ratio of adjacent
-// passes against {7, 3, 3, 3} (which had read 1.03-1.10x as fast as {7, 3, 0, 3} at GQA 4 there):
-// hd64 GQA 4 1.076 (quartiles 1.06-1.09), GQA 1 1.078, hd128 GQA 4 1.098, GQA 1 1.099; ctx 512
-// batch 64 hd64 GQA 4 1.052. Other splits with K while summing, hd64 GQA 4: {5, 2, 3, 3}
-// 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06, {6, 2, 3, 3} 1.04; 11 splits
-// with none read 0.85-1.04.
+// Off AMD, for tiles of up to four queries: a share of both the K and the V in every phase (on AMD
+// see kFetchValuesWhileScoring below). Intel Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx
+// 4096 batch 16, 4 layers, 537 MB), two builds in one process, 30 alternating passes each, median
+// ratio of adjacent passes against {7, 3, 3, 3} (which had read 1.03-1.10x as fast as {7, 3, 0, 3}
+// at GQA 4 there): hd64 GQA 4 1.076 (quartiles 1.06-1.09), GQA 1 1.078, hd128 GQA 4 1.098, GQA 1
+// 1.099; ctx 512 batch 64 hd64 GQA 4 1.052. Other splits with K while summing, hd64 GQA 4:
+// {5, 2, 3, 3} 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06, {6, 2, 3, 3}
+// 1.04; 11 splits with none read 0.85-1.04.
 constexpr FetchSplit kFetchInAllPhases = {4, 2, 3, 3};
-// On AMD with AVX-512 (Zen 4 and 5), for tiles of one or two queries, whose scoring is short: a
-// fifth of the V while scoring, and more of the K while summing. AMD EPYC (Zen 5), 2 threads, from
-// memory (ctx 4096 batch 16, 4 layers), one build switching splits between passes, 30 alternating
-// pairs, median ratio of adjacent passes against {7, 3, 0, 3}: hd64 GQA 1 1.12-1.13x as fast (ctx
-// 512 batch 64 1.11x), hd128 GQA 1 1.04x, GQA 2 1.05x (hd64) and 1.02x (hd128). Other splits at GQA
-// 1 against {7, 3, 0, 3}: {4, 2, 3, 3} 1.08-1.10x (hd64) and 1.03-1.05x (hd128), {4, 2, 4, 2} and
-// {5, 1, 4, 1} 1.02-1.09x, {7, 3, 3, 0} 1.00-1.01x, {6, 0, 5, 0} (none while folding) 0.97-0.99x;
-// against {4, 2, 2, 3}: {3, 2, 2, 3}, {4, 2, 1, 3} and {4, 2, 2, 2} 1.00-1.02x, {2, 2, 2, 2} 0.99x.
-// At GQA 4 none beat {7, 3, 0, 3}: {4, 2, 3, 3} 0.97-1.02x, {4, 2, 2, 3} 0.99-1.00x.
+// On AMD with AVX-512 (Zen 4, not measured, and Zen 5), for tiles of one or two queries, whose
+// scoring is short: a fifth of the V while scoring, and more of the K while summing. AMD EPYC
+// (Zen 5), 2 threads, from memory (ctx 4096 batch 16, 4 layers), one build switching splits between
+// passes, 30 alternating pairs, median ratio of adjacent passes against {7, 3, 0, 3}: hd64 GQA 1
+// 1.12-1.13x as fast (ctx 512 batch 64 1.11x), hd128 GQA 1 1.04x, GQA 2 1.05x (hd64) and 1.02x
+// (hd128). Other splits at GQA 1 against {7, 3, 0, 3}: {4, 2, 3, 3} 1.08-1.10x (hd64) and
+// 1.03-1.05x (hd128), {4, 2, 4, 2} and {5, 1, 4, 1} 1.02-1.09x, {7, 3, 3, 0} 1.00-1.01x,
+// {6, 0, 5, 0} (none while folding) 0.97-0.99x; against {4, 2, 2, 3}: {3, 2, 2, 3}, {4, 2, 1, 3}
+// and {4, 2, 2, 2} 1.00-1.02x, {2, 2, 2, 2} 0.99x. At GQA 4 none beat {7, 3, 0, 3}: {4, 2, 3, 3}
+// 0.97-1.02x, {4, 2, 2, 3} 0.99-1.00x.
 constexpr FetchSplit kFetchValuesWhileScoring = {4, 2, 2, 3};
 
 HWY_INLINE FetchSplit FetchSplitFor(int nq) {
