@@ -378,8 +378,6 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery<kQ4>& qq) {
 struct FetchTenths {
   size_t key[2], value[2];
 };
-// K while scoring, V half while scoring and half while rounding: none while the values are summed.
-constexpr FetchTenths kFetchBeforeSums = {{10, 0}, {5, 5}};
 // Of the bytes, 4 tenths while scoring and 3 in each other phase.
 constexpr FetchTenths kFetchInAllPhases = {{5, 3}, {3, 3}};
 
@@ -389,8 +387,8 @@ constexpr FetchTenths kFetchInAllPhases = {{5, 3}, {3, 3}};
 // GB/s with the fold's share -> with it moved: q8 hd128 41.0 -> 48.1, q4 hd64 36.2 -> 43.9 (the runs'
 // ranges overlap), q8 hd64 and q4 hd128 +6 and +3 %.
 template <int NQ>
-constexpr FetchTenths SplitOfFetch(bool fetch_while_summing) {
-  FetchTenths t = fetch_while_summing ? kFetchInAllPhases : kFetchBeforeSums;
+constexpr FetchTenths SplitOfFetch() {
+  FetchTenths t = kFetchInAllPhases;
   if (NQ == 1) {
     t.key[0] += t.key[1];
     t.value[0] += t.value[1];
@@ -422,16 +420,27 @@ struct NextShare {
 };
 
 // Calls sum(fetch) with the value sums' share of the next visit (phase 2 of `next`, over `slices`
-// calls of Next()) when `fetch`, else with NoFetch, whose calls compile to nothing.
+// calls of Next()). Every format fetches while it sums the values: with no fetch there, memory
+// idled through the sums.
+// - Without VNNI, whose value sums (pmaddubsw) are several times longer, one core's time from
+//   memory was its time with KV in cache plus the read's, as if nothing overlapped. AMD EPYC (Zen
+//   3, AVX2), ctx 4096, batch 16, two copies at once, one core each, cores swapped, geometric
+//   means of 8 pairs (q8: 6): q4 hd128 GQA 1 1.46x as fast, GQA 4 1.23x, hd64 1.19x and 1.04x; q8
+//   hd64 GQA 1 1.35x, GQA 4 0.96x.
+// - Intel Xeon (AVX-512 VNNI, 2 of its cores), ctx 4096, one build switching between the two, 5
+//   alternating runs, medians of the fraction of the stream read: q4 batch 16 hd64 GQA 1 0.76 ->
+//   0.90 and 0.93, GQA 4 0.58 -> 0.65 and 0.66, hd128 GQA 1 0.79 -> 0.89 and 0.93, GQA 4 0.69 ->
+//   0.79 and 0.79 (two sets); q8 hd64 GQA 1 0.93-0.96 -> 1.05-1.08, GQA 4 0.85-0.86 -> 0.92-0.95.
+// - AMD EPYC (Zen 5, AVX-512 VNNI), 2 threads, from memory (4 layers), one build switching
+//   between the two, 30 alternating pairs of passes, median ratios: q4 hd128 GQA 1 1.19-1.21x as
+//   fast (ctx 512 and 4096), GQA 4 1.16x, hd64 GQA 1 1.05x, GQA 4 1.03-1.07x; q8 hd64 GQA 4
+//   1.11-1.15x, GQA 1 1.01-1.02x. Before, with VNNI on AMD only q8 hd128 fetched there, since
+//   earlier measurements on Zen 5 had read q8 hd64 and q4 0.88-1.00x as fast with it. With the KV
+//   in cache (one core, ctx 512) the fetch's instructions cost q8 hd64 GQA 4 0.93x and q4 0.98x.
 template <class Sum>
-HWY_INLINE void SumWithFetch(const NextShare& next, bool fetch, size_t slices, const Sum& sum) {
-  if (fetch) {
-    FetchBoth while_summing = next.Phase(2, slices);
-    sum(while_summing);
-  } else {
-    NoFetch none;
-    sum(none);
-  }
+HWY_INLINE void SumWithFetch(const NextShare& next, size_t slices, const Sum& sum) {
+  FetchBoth while_summing = next.Phase(2, slices);
+  sum(while_summing);
 }
 
 // Queries per q4 scoring pass, and key vectors per pass of NP queries: each keeps NP * W integer
@@ -1049,41 +1058,17 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   FoldDenominators<NQ>(dt, df, vsum, m_new, st.m, st.l, st.acc, hd);
 }
 
-// Whether a tile also fetches a share of the next visit while its values are summed. Without
-// VNNI every format does: its value sums (pmaddubsw) are several times longer, and with no fetch
-// there one core's time from memory was its time with KV in cache plus the read's, as if nothing
-// overlapped. AMD EPYC (Zen 3, AVX2), ctx 4096, batch 16, two copies at once, one core each, cores
-// swapped, geometric means of 8 pairs (q8: 6): q4 hd128 GQA 1 1.46x as fast, GQA 4 1.23x, hd64
-// 1.19x and 1.04x; q8 hd64 GQA 1 1.35x, GQA 4 0.96x. 2 threads, medians of 3 alternating runs,
-// GB/s (batch 16, 64): q4 hd128 GQA 1 11.1 -> 15.0, 11.4 -> 15.9; q8 hd64 GQA 1 13.6 -> 17.3,
-// 12.5 -> 15.6, GQA 4 10.7 -> 12.9, 12.0 -> 12.1.
-// With VNNI on AMD EPYC (Zen 5), only q8 with head_dim >= 128, whose value sums are the longest:
-// ctx 4096, batch 16, GQA 4, two copies at once, one core each, cores swapped: 1.13-1.23x as fast
-// in 4 pairs; 2 threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s (batch 64: 30.5 ->
-// 37.4); q8 hd64 and q4 read 0.88-1.00x as fast with it.
-// With VNNI elsewhere, every format: Intel Xeon (AVX-512 VNNI, 2 of its cores), ctx 4096, one
-// build switching between the two, 5 alternating runs, medians of the fraction of the stream
-// read: q4 batch 16 hd64 GQA 1 0.76 -> 0.90 and 0.93, GQA 4 0.58 -> 0.65 and 0.66, hd128 GQA 1
-// 0.79 -> 0.89 and 0.93, GQA 4 0.69 -> 0.79 and 0.79 (two sets); q8 hd64 GQA 1 0.93-0.96 ->
-// 1.05-1.08, GQA 4 0.85-0.86 -> 0.92-0.95 (batch 16 and 64).
-template <bool kQ4>
-HWY_INLINE bool FetchWhileSumming(size_t hd) {
-  if (!FD_X86_VNNI || !__builtin_cpu_is("amd")) return true;
-  return !kQ4 && hd >= 128;
-}
-
 // What every block of a group's heads shares: worked out once per group, not per block.
 struct GroupShape {
   size_t head_bytes;         // one kv head's block of K (or V)
   size_t data_off;           // from a head block's start to its data (kv_format.h)
   size_t pf_pace;            // one row's share of the head's bytes, for the fetch ahead
-  bool fetch_while_summing;  // FetchWhileSumming
   bool gfni;                 // KeyNibblesByGfni
 };
 template <bool kQ4>
 HWY_INLINE GroupShape GroupShapeOf(size_t head_bytes, size_t bt, size_t hd) {
   return {head_bytes, kQ4 ? detail::q4_data_offset(bt, hd / 32) : bt * sizeof(float), (head_bytes + bt - 1) / bt,
-          FetchWhileSumming<kQ4>(hd), KeyNibblesByGfni()};
+          KeyNibblesByGfni()};
 }
 
 // Streaming softmax over the visible keys of block b in tiles of kTileT keys that start at
@@ -1091,8 +1076,7 @@ HWY_INLINE GroupShape GroupShapeOf(size_t head_bytes, size_t bt, size_t hd) {
 // tile into the running max / denominator, then read each value row once. kn, vn: the K and V
 // rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps), a
 // tile's share of them cut between its phases (NextShare). A prefetch waits for a free L1 miss
-// buffer, and memory idles through a phase that fetches nothing (FetchWhileSumming says whether
-// the value sums fetch).
+// buffer, and memory idles through a phase that fetches nothing (SumWithFetch).
 // DK: the key tag (q4: bytes, four per key; q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, const GroupShape& gs,
@@ -1103,7 +1087,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   const size_t bt = static_cast<size_t>(kv.block_tokens);
   const size_t groups = hd / 32;
   const size_t head_bytes = gs.head_bytes, data_off = gs.data_off, pf_pace = gs.pf_pace;
-  const bool fetch_while_summing = gs.fetch_while_summing, gfni = gs.gfni;
+  const bool gfni = gs.gfni;
 
   const uint8_t* kb = Bytes(kv.k[b]) + st.head_off;
   const uint8_t* vb = Bytes(kv.v[b]) + st.head_off;
@@ -1117,7 +1101,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
     const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
-    const NextShare next(kn, vn, pf_begin, pf_end, SplitOfFetch<NQ>(fetch_while_summing));
+    const NextShare next(kn, vn, pf_begin, pf_end, SplitOfFetch<NQ>());
     if (sealed) {
       if constexpr (!kQ4)
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
@@ -1185,7 +1169,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       constexpr int kRun = kTileT / 4;
 #endif
       const int runs = (n_quads + kRun - 1) / kRun;
-      SumWithFetch(next, fetch_while_summing, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(runs),
+      SumWithFetch(next, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(runs),
                    [&](auto& fetch) HWY_ATTR {
                      for (int k0 = 0; k0 < n_quads; k0 += kRun) {
                        ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
@@ -1208,8 +1192,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
           }
         });
       };
-      // With VNNI on AMD EPYC (Zen 5), a fetch in the loop, even of nothing, read hd64 GQA 4 11 % slower.
-      SumWithFetch(next, fetch_while_summing, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads), sum);
+      SumWithFetch(next, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads), sum);
     }
   }
 }
