@@ -426,17 +426,22 @@ struct NextShare {
 //   memory was its time with KV in cache plus the read's, as if nothing overlapped. AMD EPYC (Zen
 //   3, AVX2), ctx 4096, batch 16, two copies at once, one core each, cores swapped, geometric
 //   means of 8 pairs (q8: 6): q4 hd128 GQA 1 1.46x as fast, GQA 4 1.23x, hd64 1.19x and 1.04x; q8
-//   hd64 GQA 1 1.35x, GQA 4 0.96x.
+//   hd64 GQA 1 1.35x, GQA 4 0.96x. 2 threads, medians of 3 alternating runs, GB/s (batch 16, 64):
+//   q4 hd128 GQA 1 11.1 -> 15.0, 11.4 -> 15.9; q8 hd64 GQA 1 13.6 -> 17.3, 12.5 -> 15.6, GQA 4
+//   10.7 -> 12.9, 12.0 -> 12.1.
 // - Intel Xeon (AVX-512 VNNI, 2 of its cores), ctx 4096, one build switching between the two, 5
 //   alternating runs, medians of the fraction of the stream read: q4 batch 16 hd64 GQA 1 0.76 ->
 //   0.90 and 0.93, GQA 4 0.58 -> 0.65 and 0.66, hd128 GQA 1 0.79 -> 0.89 and 0.93, GQA 4 0.69 ->
-//   0.79 and 0.79 (two sets); q8 hd64 GQA 1 0.93-0.96 -> 1.05-1.08, GQA 4 0.85-0.86 -> 0.92-0.95.
+//   0.79 and 0.79 (two sets); q8 hd64 GQA 1 0.93-0.96 -> 1.05-1.08, GQA 4 0.85-0.86 -> 0.92-0.95
+//   (batch 16 and 64).
 // - AMD EPYC (Zen 5, AVX-512 VNNI), 2 threads, from memory (4 layers), one build switching
 //   between the two, 30 alternating pairs of passes, median ratios: q4 hd128 GQA 1 1.19-1.21x as
 //   fast (ctx 512 and 4096), GQA 4 1.16x, hd64 GQA 1 1.05x, GQA 4 1.03-1.07x; q8 hd64 GQA 4
-//   1.11-1.15x, GQA 1 1.01-1.02x. Before, with VNNI on AMD only q8 hd128 fetched there, since
-//   earlier measurements on Zen 5 had read q8 hd64 and q4 0.88-1.00x as fast with it. With the KV
-//   in cache (one core, ctx 512) the fetch's instructions cost q8 hd64 GQA 4 0.93x and q4 0.98x.
+//   1.11-1.15x, GQA 1 1.01-1.02x. Before, with VNNI on AMD only q8 hd128 fetched there (ctx 4096,
+//   batch 16, GQA 4, two copies at once, one core each, cores swapped: 1.13-1.23x as fast in 4
+//   pairs; 2 threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s, batch 64 30.5 -> 37.4),
+//   since those measurements on Zen 5 had read q8 hd64 and q4 0.88-1.00x as fast with it. With the
+//   KV in cache (one core, ctx 512) the fetch's instructions cost q8 hd64 GQA 4 0.93x and q4 0.98x.
 template <class Sum>
 HWY_INLINE void SumWithFetch(const NextShare& next, size_t slices, const Sum& sum) {
   FetchBoth while_summing = next.Phase(2, slices);
