@@ -378,7 +378,28 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery<kQ4>& qq) {
 struct FetchTenths {
   size_t key[2], value[2];
 };
-// Of the bytes, 4 tenths while scoring and 3 in each other phase.
+// Of the bytes, 4 tenths while scoring and 3 in each other phase. Every format fetches while it
+// sums the values: with no fetch there, memory idled through the sums.
+// - Without VNNI, whose value sums (pmaddubsw) are several times longer, one core's time from
+//   memory was its time with KV in cache plus the read's, as if nothing overlapped. AMD EPYC (Zen
+//   3, AVX2), ctx 4096, batch 16, two copies at once, one core each, cores swapped, geometric
+//   means of 8 pairs (q8: 6): q4 hd128 GQA 1 1.46x as fast, GQA 4 1.23x, hd64 1.19x and 1.04x; q8
+//   hd64 GQA 1 1.35x, GQA 4 0.96x. 2 threads, medians of 3 alternating runs, GB/s (batch 16, 64):
+//   q4 hd128 GQA 1 11.1 -> 15.0, 11.4 -> 15.9; q8 hd64 GQA 1 13.6 -> 17.3, 12.5 -> 15.6, GQA 4
+//   10.7 -> 12.9, 12.0 -> 12.1.
+// - Intel Xeon (AVX-512 VNNI, 2 of its cores), ctx 4096, one build switching between the two, 5
+//   alternating runs, medians of the fraction of the stream read: q4 batch 16 hd64 GQA 1 0.76 ->
+//   0.90 and 0.93, GQA 4 0.58 -> 0.65 and 0.66, hd128 GQA 1 0.79 -> 0.89 and 0.93, GQA 4 0.69 ->
+//   0.79 and 0.79 (two sets); q8 hd64 GQA 1 0.93-0.96 -> 1.05-1.08, GQA 4 0.85-0.86 -> 0.92-0.95
+//   (batch 16 and 64).
+// - AMD EPYC (Zen 5, AVX-512 VNNI), 2 threads, from memory (4 layers), one build switching
+//   between the two, 30 alternating pairs of passes, median ratios: q4 hd128 GQA 1 1.19-1.21x as
+//   fast (ctx 512 and 4096), GQA 4 1.16x, hd64 GQA 1 1.05x, GQA 4 1.03-1.07x; q8 hd64 GQA 4
+//   1.11-1.15x, GQA 1 1.01-1.02x. Before, with VNNI on AMD only q8 hd128 fetched there (ctx 4096,
+//   batch 16, GQA 4, two copies at once, one core each, cores swapped: 1.13-1.23x as fast in 4
+//   pairs; 2 threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s, batch 64 30.5 -> 37.4),
+//   since those measurements on Zen 5 had read q8 hd64 and q4 0.88-1.00x as fast with it. With the
+//   KV in cache (one core, ctx 512) the fetch's instructions cost q8 hd64 GQA 4 0.93x and q4 0.98x.
 constexpr FetchTenths kFetchInAllPhases = {{5, 3}, {3, 3}};
 
 // The split for NQ queries per kv head. One query's softmax and rounding (FoldTileToWeights) are
@@ -418,35 +439,6 @@ struct NextShare {
   const uint8_t* vn;
   size_t k[4], v[4];
 };
-
-// Calls sum(fetch) with the value sums' share of the next visit (phase 2 of `next`, over `slices`
-// calls of Next()). Every format fetches while it sums the values: with no fetch there, memory
-// idled through the sums.
-// - Without VNNI, whose value sums (pmaddubsw) are several times longer, one core's time from
-//   memory was its time with KV in cache plus the read's, as if nothing overlapped. AMD EPYC (Zen
-//   3, AVX2), ctx 4096, batch 16, two copies at once, one core each, cores swapped, geometric
-//   means of 8 pairs (q8: 6): q4 hd128 GQA 1 1.46x as fast, GQA 4 1.23x, hd64 1.19x and 1.04x; q8
-//   hd64 GQA 1 1.35x, GQA 4 0.96x. 2 threads, medians of 3 alternating runs, GB/s (batch 16, 64):
-//   q4 hd128 GQA 1 11.1 -> 15.0, 11.4 -> 15.9; q8 hd64 GQA 1 13.6 -> 17.3, 12.5 -> 15.6, GQA 4
-//   10.7 -> 12.9, 12.0 -> 12.1.
-// - Intel Xeon (AVX-512 VNNI, 2 of its cores), ctx 4096, one build switching between the two, 5
-//   alternating runs, medians of the fraction of the stream read: q4 batch 16 hd64 GQA 1 0.76 ->
-//   0.90 and 0.93, GQA 4 0.58 -> 0.65 and 0.66, hd128 GQA 1 0.79 -> 0.89 and 0.93, GQA 4 0.69 ->
-//   0.79 and 0.79 (two sets); q8 hd64 GQA 1 0.93-0.96 -> 1.05-1.08, GQA 4 0.85-0.86 -> 0.92-0.95
-//   (batch 16 and 64).
-// - AMD EPYC (Zen 5, AVX-512 VNNI), 2 threads, from memory (4 layers), one build switching
-//   between the two, 30 alternating pairs of passes, median ratios: q4 hd128 GQA 1 1.19-1.21x as
-//   fast (ctx 512 and 4096), GQA 4 1.16x, hd64 GQA 1 1.05x, GQA 4 1.03-1.07x; q8 hd64 GQA 4
-//   1.11-1.15x, GQA 1 1.01-1.02x. Before, with VNNI on AMD only q8 hd128 fetched there (ctx 4096,
-//   batch 16, GQA 4, two copies at once, one core each, cores swapped: 1.13-1.23x as fast in 4
-//   pairs; 2 threads, medians of 3 alternating runs: 29.1 -> 36.4 GB/s, batch 64 30.5 -> 37.4),
-//   since those measurements on Zen 5 had read q8 hd64 and q4 0.88-1.00x as fast with it. With the
-//   KV in cache (one core, ctx 512) the fetch's instructions cost q8 hd64 GQA 4 0.93x and q4 0.98x.
-template <class Sum>
-HWY_INLINE void SumWithFetch(const NextShare& next, size_t slices, const Sum& sum) {
-  FetchBoth while_summing = next.Phase(2, slices);
-  sum(while_summing);
-}
 
 // Queries per q4 scoring pass, and key vectors per pass of NP queries: each keeps NP * W integer
 // and as many fp32 sums, within the register file (16 vectors; 32 on AVX-512) and a tile.
@@ -1081,7 +1073,7 @@ HWY_INLINE GroupShape GroupShapeOf(size_t head_bytes, size_t bt, size_t hd) {
 // tile into the running max / denominator, then read each value row once. kn, vn: the K and V
 // rows read next, fetched meanwhile (the hardware prefetcher stops at pages and head jumps), a
 // tile's share of them cut between its phases (NextShare). A prefetch waits for a free L1 miss
-// buffer, and memory idles through a phase that fetches nothing (SumWithFetch).
+// buffer, and memory idles through a phase that fetches nothing (kFetchInAllPhases).
 // DK: the key tag (q4: bytes, four per key; q8: int16), DF: the value tag (q4: at most 16 lanes).
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks& kv, const GroupShape& gs,
@@ -1174,30 +1166,26 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
       constexpr int kRun = kTileT / 4;
 #endif
       const int runs = (n_quads + kRun - 1) / kRun;
-      SumWithFetch(next, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(runs),
-                   [&](auto& fetch) HWY_ATTR {
-                     for (int k0 = 0; k0 < n_quads; k0 += kRun) {
-                       ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
-                         fetch.Next();
-                         AccumulateQuadsQ4<NQ, decltype(width)::value>(
-                             df, quads, groups, k0, std::min(n_quads, k0 + kRun), tw, u, st.acc);
-                       });
-                     }
-                   });
+      FetchBoth fetch = next.Phase(2, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(runs));
+      for (int k0 = 0; k0 < n_quads; k0 += kRun) {
+        ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
+          fetch.Next();
+          AccumulateQuadsQ4<NQ, decltype(width)::value>(df, quads, groups, k0, std::min(n_quads, k0 + kRun), tw, u,
+                                                        st.acc);
+        });
+      }
     } else {
       constexpr int CQ = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;  // chunks per pass
       const auto* chunks_at = reinterpret_cast<const int8_t*>(vd);
-      const auto sum = [&](auto& fetch) HWY_ATTR {
-        ForEachPass<CQ, 2>(hd, L, [&](size_t c, auto width) {
-          constexpr int CU = decltype(width)::value;
-          if (hd % kQ8ValueChunk == 0) {
-            AccumulateQuadsQ8<NQ, CU, true>(df, chunks_at, hd, bt, tb / 4, n_quads, tw, c, st.acc, fetch);
-          } else {
-            AccumulateQuadsQ8<NQ, CU, false>(df, chunks_at, hd, bt, tb / 4, n_quads, tw, c, st.acc, fetch);
-          }
-        });
-      };
-      SumWithFetch(next, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads), sum);
+      FetchBoth fetch = next.Phase(2, CountPasses<CQ, 2>(hd, L) * static_cast<size_t>(n_quads));
+      ForEachPass<CQ, 2>(hd, L, [&](size_t c, auto width) {
+        constexpr int CU = decltype(width)::value;
+        if (hd % kQ8ValueChunk == 0) {
+          AccumulateQuadsQ8<NQ, CU, true>(df, chunks_at, hd, bt, tb / 4, n_quads, tw, c, st.acc, fetch);
+        } else {
+          AccumulateQuadsQ8<NQ, CU, false>(df, chunks_at, hd, bt, tb / 4, n_quads, tw, c, st.acc, fetch);
+        }
+      });
     }
   }
 }
