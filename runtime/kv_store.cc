@@ -103,6 +103,12 @@ void KvStore::reserve(uint64_t seq, int new_len) {
     page_free_[page] = 0;
     --free_count_;
     s.pages.push_back(page);
+    // A layer's K of all pages lies in one region and its V in another, so a sequence's K (and V)
+    // is one run per reserved stretch of pages. With each kv head's K and V side by side instead,
+    // one run for both, a plain read in attention's order went 8-18 % faster (hd64), but fp16
+    // attention read 0.93-0.98x as fast at GQA 1 and 0.98-1.13x at GQA 4: AMD EPYC (Zen 5), 2
+    // threads, hd64 and hd128, ctx 4096, copies of the same blocks in one process, 14-20
+    // alternating pairs.
     for (size_t l = 0; l < s.len.size(); ++l) {
       s.kb[l].push_back(arena_.get() + ((2 * l) * total_pages_ + page) * part_bytes_);
       s.vb[l].push_back(arena_.get() + ((2 * l + 1) * total_pages_ + page) * part_bytes_);
