@@ -173,12 +173,16 @@ KvStore::Seq* KvStore::find_seq(uint64_t seq) {
   return it == seqs_.end() ? nullptr : &it->second;
 }
 
-KvStore::Seq& KvStore::checked_append(Seq* found, uint64_t seq, int layer, int pos0, int n) {
-  if (found == nullptr)
-    throw Error("KV-cache has no sequence " + std::to_string(seq) + " to append to.");
+void KvStore::check_layer(int layer) const {
   if (layer < 0 || layer >= cfg_.n_layers)
     throw Error("KV-cache has no layer " + std::to_string(layer) + " (it holds " +
                 std::to_string(cfg_.n_layers) + ").");
+}
+
+KvStore::Seq& KvStore::checked_append(Seq* found, uint64_t seq, int layer, int pos0, int n) {
+  if (found == nullptr)
+    throw Error("KV-cache has no sequence " + std::to_string(seq) + " to append to.");
+  check_layer(layer);
   Seq& s = *found;
   const int cur = s.len[static_cast<size_t>(layer)];
   // pos0 < cur rewinds: a step retried after a shard failure rewrites the rows it already gave.
@@ -253,9 +257,7 @@ int KvStore::length(uint64_t seq, int layer) const {
 const KvStore::Seq* KvStore::find_for_view(uint64_t seq, int layer) const {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return nullptr;
-  if (layer < 0 || layer >= cfg_.n_layers)
-    throw Error("KV-cache has no layer " + std::to_string(layer) + " (it holds " +
-                std::to_string(cfg_.n_layers) + ").");
+  check_layer(layer);
   return &it->second;
 }
 

@@ -88,6 +88,7 @@ class KvStore {
     std::vector<std::vector<const uint8_t*>> kb, vb; // [n_layers][pages] the same, as bytes
     uint64_t batch = 0;  // the last append_batch that listed it (batches_), to find repeats
   };
+  void check_layer(int layer) const;  // throws fd::Error for a layer the store lacks
   // The sequence, or null when it holds nothing; throws fd::Error for a layer the store lacks.
   const Seq* find_for_view(uint64_t seq, int layer) const;
   Seq* find_seq(uint64_t seq);  // null for an unknown sequence

@@ -99,7 +99,10 @@ TEST_CASE("KvStore append rejects gaps and unreserved positions, rewinds on over
   s.reserve(5, 8);
   CHECK_THROWS_AS(s.append(5, 0, 0, k.data(), v.data(), 9), fd::Error);  // beyond the 8 reserved
   CHECK_THROWS_AS(s.append(5, 0, 1, k.data(), v.data(), 1), fd::Error);  // gap
-  CHECK_THROWS_AS(s.append(5, 2, 0, k.data(), v.data(), 1), fd::Error);  // no such layer
+  // No such layer (the config holds 2): appends and both views name it.
+  CHECK_THROWS_WITH(s.append(5, 2, 0, k.data(), v.data(), 1), Catch::Contains("no layer 2 (it holds 2)"));
+  CHECK_THROWS_WITH(s.view(5, -1), Catch::Contains("no layer -1 (it holds 2)"));
+  CHECK_THROWS_WITH(s.view_blocks(5, 2), Catch::Contains("no layer 2 (it holds 2)"));
   append(s, 5, 0, 0, 4);
   CHECK(s.length(5, 0) == 4);
   check_contents(s, 5, 0);
