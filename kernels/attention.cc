@@ -51,9 +51,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 // GQA 4, and on AMD EPYC (Zen 5) prefetchnta was mixed there (GQA 1 +1-6 %, GQA 4 -4 to -13 %).
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
 
-// K and V bytes fetched ahead of the visit being read: 32 KiB on AMD, 16 elsewhere, so that hd64
-// (16 KiB of K and V per visit at 64-token blocks) fetches two visits ahead on AMD and one on
-// Intel, and hd128 one on both.
+// K and V bytes fetched ahead of the visit being read: 32 KiB on AMD without AVX-512 (Zen 3), 16
+// elsewhere, so that hd64 (16 KiB of K and V per visit at 64-token blocks) fetches two visits
+// ahead on Zen 3 and one on Intel and on AMD with AVX-512 (Zen 4, not measured, and Zen 5), and
+// hd128 one on all.
 // - AMD EPYC (Zen 3), 2 threads, from memory, A/B in one process (40-60 alternating passes,
 //   median time ratios), two visits ahead against one: hd64 GQA 4 read 1.02-1.08x as fast (8
 //   sets, ctx 512/4096, batch 16/64), GQA 1 and 2 0.94-1.03x (10 sets, 7 of them at 0.99-1.03),
@@ -64,7 +65,14 @@ constexpr size_t kL1FetchBytes = size_t(32) << 10;
 //   after, 5 alternating runs of the same 16 shapes with hd128 too: hd64's fraction of the stream
 //   read 1.02-1.09x (medians), hd128's (which did not change) 0.99-1.03x. In 4 runs of ctx 4096
 //   batch 16, 64 and 128 KiB ahead read 0.99-1.10x as fast as 32, inside that host's noise.
-HWY_INLINE size_t FetchAheadBytes() { return __builtin_cpu_is("amd") ? size_t(32) << 10 : size_t(16) << 10; }
+// - AMD EPYC (Zen 5, L1 48 KiB), from memory, one build switching between passes (30 alternating
+//   pairs, median ratio of adjacent passes), one visit ahead against two, 2 threads: hd64 GQA 1
+//   1.025-1.035x as fast (ctx 4096 batch 16 and 64, ctx 512 batch 64), GQA 2 1.015x, GQA 4
+//   1.015-1.021x, GQA 8 1.006x; hd128 (one visit either way) 1.000x; one thread: GQA 1 1.086x,
+//   GQA 4 0.995x.
+HWY_INLINE size_t FetchAheadBytes() {
+  return __builtin_cpu_is("amd") && HWY_TARGET > HWY_AVX3 ? size_t(32) << 10 : size_t(16) << 10;
+}
 
 // Visits beyond the fetched one whose 4 KiB pages TouchPages starts early, off AMD, for head
 // blocks fetched into L1 (hd64 at 64-token blocks): the L2 streamer, which stops at every page,
