@@ -113,7 +113,7 @@ struct FetchSplit {
 constexpr FetchSplit kFetchWhileFolding = {7, 3, 0, 3};
 constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
 // Off AMD, for tiles of up to four queries: a share of both the K and the V in every phase (on AMD
-// see kFetchValuesWhileScoring below). Intel Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx
+// with AVX-512 see kFetchSpread below). Intel Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx
 // 4096 batch 16, 4 layers, 537 MB), two builds in one process, 30 alternating passes each, median
 // ratio of adjacent passes against {7, 3, 3, 3} (which had read 1.03-1.10x as fast as {7, 3, 0, 3}
 // at GQA 4 there): hd64 GQA 4 1.076 (quartiles 1.06-1.09), GQA 1 1.078, hd128 GQA 4 1.098, GQA 1
@@ -121,22 +121,29 @@ constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
 // {5, 2, 3, 3} 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06, {6, 2, 3, 3}
 // 1.04; 11 splits with none read 0.85-1.04.
 constexpr FetchSplit kFetchInAllPhases = {4, 2, 3, 3};
-// On AMD with AVX-512 (Zen 4, not measured, and Zen 5), for tiles of one or two queries, whose
-// scoring is short: a fifth of the V while scoring, and more of the K while summing. AMD EPYC
-// (Zen 5), 2 threads, from memory (ctx 4096 batch 16, 4 layers), one build switching splits between
-// passes, 30 alternating pairs, median ratio of adjacent passes against {7, 3, 0, 3}: hd64 GQA 1
-// 1.12-1.13x as fast (ctx 512 batch 64 1.11x), hd128 GQA 1 1.04x, GQA 2 1.05x (hd64) and 1.02x
-// (hd128). Other splits at GQA 1 against {7, 3, 0, 3}: {4, 2, 3, 3} 1.08-1.10x (hd64) and
-// 1.03-1.05x (hd128), {4, 2, 4, 2} and {5, 1, 4, 1} 1.02-1.09x, {7, 3, 3, 0} 1.00-1.01x,
-// {6, 0, 5, 0} (none while folding) 0.97-0.99x; against {4, 2, 2, 3}: {3, 2, 2, 3}, {4, 2, 1, 3}
-// and {4, 2, 2, 2} 1.00-1.02x, {2, 2, 2, 2} 0.99x. At GQA 4 none beat {7, 3, 0, 3}: {4, 2, 3, 3}
-// 0.97-1.02x, {4, 2, 2, 3} 0.99-1.00x.
-constexpr FetchSplit kFetchValuesWhileScoring = {4, 2, 2, 3};
+// On AMD with AVX-512 (Zen 4, not measured, and Zen 5), for tiles of any number of queries: about a
+// third of both the K and the V in each of scoring and summing, and a fifth of each while folding.
+// AMD EPYC (Zen 5), from memory, fetching one visit ahead (FetchAheadBytes), one build switching
+// splits between passes, 16-24 alternating pairs, median ratio of adjacent passes against the
+// splits before ({4, 2, 2, 3} for one or two queries, which had read hd64 GQA 1 1.12-1.13x as fast
+// as {7, 3, 0, 3} two visits ahead; {7, 3, 0, 3} for three or four; {10, 0, 0, 0} for more), 2
+// threads:
+// - stream at 42-46 GB/s: hd64 GQA 4 1.054x as fast (ctx 4096 batch 16), hd128 GQA 4 1.025x, GQA 1
+//   1.033-1.035x (ctx 512 batch 64 1.034x), GQA 2 1.043x; hd64 GQA 1 0.996-0.999x, GQA 2 0.995x.
+// - stream at 48-59 GB/s: hd64 GQA 4 1.037-1.064x (ctx 4096 batch 16 and 64, ctx 512 batch 64),
+//   hd128 GQA 4 (ctx 512 batch 64) 1.073x, hd64 GQA 8 1.052x, GQA 1 and 2 1.005-1.006x; hd128
+//   GQA 8 1.010x.
+// - one thread: hd64 GQA 4 1.064x, hd128 GQA 1 1.047x, hd64 GQA 1 0.991x.
+// Around it, hd64 GQA 4: {4, 2, 4, 2} 1.040x, {4, 2, 3, 3} 1.018x, {3, 3, 3, 3} 1.016x, {2, 2, 2, 2}
+// and {3, 1, 3, 1} 0.971x, {5, 3, 0, 2} 0.982x; hd128 GQA 1: {3, 2, 2, 2} 1.011x, {3, 3, 3, 2}
+// 1.015x, {2, 2, 3, 2} 1.004x, {2, 2, 2, 2} 0.994x.
+constexpr FetchSplit kFetchSpread = {3, 2, 3, 2};
 
 HWY_INLINE FetchSplit FetchSplitFor(int nq) {
+  const bool amd = __builtin_cpu_is("amd");
+  if (amd && HWY_TARGET <= HWY_AVX3) return kFetchSpread;
   if (nq > 4) return kFetchOutsideFold;
-  if (!__builtin_cpu_is("amd")) return kFetchInAllPhases;
-  return HWY_TARGET <= HWY_AVX3 && nq <= 2 ? kFetchValuesWhileScoring : kFetchWhileFolding;
+  return amd ? kFetchWhileFolding : kFetchInAllPhases;
 }
 
 // prefetchnta on AMD, prefetcht1 elsewhere. fastdecode-bench attention --head-dim 128 --kv-dtype
