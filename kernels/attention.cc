@@ -103,13 +103,13 @@ HWY_INLINE void TouchPages(const uint8_t* p, size_t bytes) {
 struct FetchSplit {
   size_t key_tenths_scoring, key_tenths_folding, value_tenths_scoring, value_tenths_folding;
 };
-// For tiles of up to four queries. Fetching nothing while folding, memory idled through the fold,
-// about a sixth of GQA 4's time. AMD EPYC (Zen 3), 2 threads, from memory, A/B in one process (40
-// alternating passes over 4 layers, median time ratios) against {10, 0, 0, 0}: hd64 GQA 4 ctx 4096
-// batch 16 1.12x as fast (other splits with K 5-8 and V 0-3 while folding 1.01-1.11x, V 4 1.02x),
-// batch 64 1.10x, ctx 512 batch 64 1.10x, GQA 1 1.09x, GQA 2 1.08x; hd128 (fetched with
-// prefetchnta then, see WideHeadFetch) GQA 4 0.98-1.05x in 6 sets, GQA 1 1.03-1.05x. GQA 8 read
-// 0.97x as fast, so tiles of more queries keep {10, 0, 0, 0}.
+// On AMD without AVX-512 (Zen 3), for tiles of up to four queries. Fetching nothing while folding,
+// memory idled through the fold, about a sixth of GQA 4's time. AMD EPYC (Zen 3), 2 threads, from
+// memory, A/B in one process (40 alternating passes over 4 layers, median time ratios) against
+// {10, 0, 0, 0}: hd64 GQA 4 ctx 4096 batch 16 1.12x as fast (other splits with K 5-8 and V 0-3
+// while folding 1.01-1.11x, V 4 1.02x), batch 64 1.10x, ctx 512 batch 64 1.10x, GQA 1 1.09x, GQA 2
+// 1.08x; hd128 (fetched with prefetchnta then, see WideHeadFetch) GQA 4 0.98-1.05x in 6 sets, GQA 1
+// 1.03-1.05x. GQA 8 read 0.97x as fast, so tiles of more queries keep {10, 0, 0, 0}.
 constexpr FetchSplit kFetchWhileFolding = {7, 3, 0, 3};
 constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
 // Off AMD, for tiles of up to four queries: a share of both the K and the V in every phase (on AMD
@@ -121,8 +121,8 @@ constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
 // {5, 2, 3, 3} 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06, {6, 2, 3, 3}
 // 1.04; 11 splits with none read 0.85-1.04.
 constexpr FetchSplit kFetchInAllPhases = {4, 2, 3, 3};
-// On AMD with AVX-512 (Zen 4, not measured, and Zen 5), for tiles of any number of queries: about a
-// third of both the K and the V in each of scoring and summing, and a fifth of each while folding.
+// On AMD with AVX-512 (Zen 4, not measured, and Zen 5), for tiles of any number of queries: three
+// tenths of both the K and the V while scoring, two while folding and the other half while summing.
 // AMD EPYC (Zen 5), from memory, fetching one visit ahead (FetchAheadBytes), one build switching
 // splits between passes, 16-24 alternating pairs, median ratio of adjacent passes against the
 // splits before ({4, 2, 2, 3} for one or two queries, which had read hd64 GQA 1 1.12-1.13x as fast
