@@ -418,15 +418,16 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
   const hn::CappedTag<float, kTileT> dt;
   const size_t L = hn::Lanes(d);
   const size_t bt = static_cast<size_t>(kv.block_tokens);
-  // Vectors of a value row accumulated per pass: at NQ <= 2, up to 8 and at most 4 value chunks
-  // (kv_format.h), that is 4 vectors of 16 lanes. A pass reads its chunks side by side, and 8 of
-  // them (hd 128 in one pass) read slower from memory than 4: AMD EPYC (Zen 5), one build
-  // switching between passes, 16-20 alternating pairs, median ratio of adjacent passes, 4 chunks
-  // against 8: hd128 2 threads GQA 1 1.045-1.069x as fast (ctx 4096 batch 16), 1.063x (batch 64),
-  // 1.085x (ctx 2048), 1.089x (ctx 8192), 1.077x (ctx 512 batch 64), GQA 2 1.087-1.094x; one
-  // thread 1.071x (GQA 1) and 1.089x (GQA 2); KV in L2 0.94x. 2 chunks read 1.044-1.058x, and
-  // 0.85x in L2; hd64 with 2 instead of 4, 1.005-1.020x. (Over row-major values, before sealed
-  // values were stored in chunks, passes in column halves had read 15-20 % slower.)
+  // Vectors of a value row accumulated per pass: at NQ <= 2, as many as 4 value chunks
+  // (kv_format.h) hold, 8 at most (4 vectors of 16 lanes, 8 of 8). A pass reads its chunks side
+  // by side, and 8 of them (hd 128 in one pass) read slower from memory than 4: AMD EPYC (Zen 5),
+  // one build switching between passes, 16-20 alternating pairs, median ratio of adjacent passes,
+  // 4 chunks against 8: hd128 2 threads GQA 1 1.045-1.069x as fast (ctx 4096 batch 16), 1.063x
+  // (batch 64), 1.085x (ctx 2048), 1.089x (ctx 8192), 1.077x (ctx 512 batch 64), GQA 2
+  // 1.087-1.094x; one thread 1.071x (GQA 1) and 1.089x (GQA 2); KV in L2 0.94x. 2 chunks read
+  // 1.044-1.058x, and 0.85x in L2; hd64 with 2 instead of 4, 1.005-1.020x. (Over row-major
+  // values, before sealed values were stored in chunks, passes in column halves had read 15-20 %
+  // slower.)
   constexpr int kFourChunks = static_cast<int>(4 * kF16ValueChunk / hn::MaxLanes(D()));  // vectors
   constexpr int CB = NQ <= 2 ? std::min(8, kFourChunks) : NQ <= 4 ? 2 : 1;
 
