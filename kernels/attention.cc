@@ -99,9 +99,10 @@ HWY_INLINE void TouchPages(const uint8_t* p, size_t bytes) {
 
 // How a tile's share of the next visit's rows is cut between its phases: tenths of the K and of
 // the V fetched while its keys are scored and while its softmax is folded; the rest of each while
-// its values are summed.
+// its values are summed. own_values: the V fetched is the tile's own visit's, not the next one's.
 struct FetchSplit {
   size_t key_tenths_scoring, key_tenths_folding, value_tenths_scoring, value_tenths_folding;
+  bool own_values = false;
 };
 // On AMD without AVX-512 (Zen 3), for tiles of up to four queries. Fetching nothing while folding,
 // memory idled through the fold, about a sixth of GQA 4's time. AMD EPYC (Zen 3), 2 threads, from
@@ -138,6 +139,22 @@ constexpr FetchSplit kFetchInAllPhases = {4, 2, 3, 3};
 // and {3, 1, 3, 1} 0.971x, {5, 3, 0, 2} 0.982x; hd128 GQA 1: {3, 2, 2, 2} 1.011x, {3, 3, 3, 2}
 // 1.015x, {2, 2, 3, 2} 1.004x, {2, 2, 2, 2} 0.994x.
 constexpr FetchSplit kFetchSpread = {3, 2, 3, 2};
+
+// Fetching the tile's own values while it scores, and the next visit's keys while it folds (two
+// tenths) and sums: one visit ahead, a visit and the rows fetched for the next take 4 head blocks,
+// and this 3. For head blocks fetched into L1 whose 4 overflow it (hd128 at 64-token blocks, 64
+// KiB against 48) at two to four queries, on AMD with AVX-512. AMD EPYC (Zen 5), from memory, one
+// build switching between passes (16-20 alternating pairs, median ratio of adjacent passes)
+// against kFetchSpread, hd128, 2 threads: GQA 4 1.042x as fast (ctx 4096 batch 16), 1.053x
+// (batch 64), 1.028x (ctx 512 batch 64); GQA 2 1.052x, 1.024x (ctx 512 batch 64); one thread GQA 4
+// 1.010x, GQA 2 1.108x. All of the next keys while summing: GQA 4 1.024-1.050x, GQA 2 1.084x (and
+// 0.98x against this); GQA 8 0.990x, so more queries keep kFetchSpread. With the KV in L2 1.007x.
+constexpr FetchSplit kFetchOwnValues = {0, 2, 10, 0, true};
+
+HWY_INLINE bool FetchesOwnValues(int nq, size_t head_bytes, FetchTo to) {
+  return nq >= 2 && nq <= 4 && to == FetchTo::kL1 && 4 * head_bytes > kL1FetchBytes && __builtin_cpu_is("amd") &&
+         HWY_TARGET <= HWY_AVX3;
+}
 
 HWY_INLINE FetchSplit FetchSplitFor(int nq) {
   const bool amd = __builtin_cpu_is("amd");
@@ -404,14 +421,14 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
   st.fetch_to = 4 * head_bytes > kL1FetchBytes ? WideHeadFetch(NQ) : FetchTo::kL1;
-  st.split = FetchSplitFor(NQ);
+  st.split = FetchesOwnValues(NQ, head_bytes, st.fetch_to) ? kFetchOwnValues : FetchSplitFor(NQ);
 }
 
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
 // key once for all NQ queries, fold the tile into the running max / denominator, then read each
 // value row once. kn, vn: the K and V rows (of this head's size) read next, fetched meanwhile
 // (null: none), because the hardware prefetcher stops at page boundaries and at jumps between kv
-// heads.
+// heads; with st.split.own_values the tile fetches its own V rows instead of vn.
 template <class Rows, int NQ, class D, class Blocks>
 HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head_bytes, size_t b,
                             size_t hd, TileState<NQ>& st, const uint8_t* kn, const uint8_t* vn) {
@@ -443,6 +460,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     const size_t rows_begin = tb * row_bytes, rows_end = (tb + static_cast<size_t>(n)) * row_bytes;
     // The next visit's rows [rows_begin, rows_end) of K and of V, cut between the tile's phases.
     const FetchSplit& split = st.split;
+    const uint8_t* const vf = split.own_values ? vh : vn;  // the V rows fetched
     const size_t k_cut0 = CutTenths(rows_begin, rows_end, split.key_tenths_scoring);
     const size_t k_cut = CutTenths(rows_begin, rows_end, split.key_tenths_scoring + split.key_tenths_folding);
     const size_t v_cut0 = CutTenths(rows_begin, rows_end, split.value_tenths_scoring);
@@ -450,7 +468,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     const size_t scoring_steps =
         sealed ? ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd) : TileRowSteps<NQ>(n);
     FetchBoth while_scoring{PacedPrefetch(kn, rows_begin, k_cut0, scoring_steps, st.fetch_to),
-                            PacedPrefetch(vn, rows_begin, v_cut0, scoring_steps, st.fetch_to)};
+                            PacedPrefetch(vf, rows_begin, v_cut0, scoring_steps, st.fetch_to)};
     if (sealed) {
       ScoreKeys<NQ>(dt, kt, tb, static_cast<size_t>(n), bt, st.qs, hd, st.s, while_scoring);
     } else {
@@ -461,7 +479,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     // pay for the exponentials of a whole tile.
     const size_t LT = hn::Lanes(dt), used = (static_cast<size_t>(n) + LT - 1) / LT * LT;
     FetchBoth while_folding{PacedPrefetch(kn, k_cut0, k_cut, used / LT, st.fetch_to),
-                            PacedPrefetch(vn, v_cut0, v_cut, used / LT, st.fetch_to)};
+                            PacedPrefetch(vf, v_cut0, v_cut, used / LT, st.fetch_to)};
     SoftmaxFoldTiles<NQ>(dt, d, st.s, n, used, st.m, st.l, st.acc, hd, while_folding);
     // Paced every kFetchRows rows of each pass. With one slice per pass, up to 32 lines left at
     // once, and the loads stalled behind them. AMD EPYC (Zen 3), 2 threads, ctx 512/4096 x batch
@@ -470,7 +488,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     // cost GQA 4 hd128 20 % against every fourth.
     const size_t value_steps = CountPasses<CB, 4>(hd, L) * static_cast<size_t>((n + kFetchRows - 1) / kFetchRows);
     FetchBoth next_values{PacedPrefetch(kn, k_cut, rows_end, value_steps, st.fetch_to),
-                          PacedPrefetch(vn, v_cut, rows_end, value_steps, st.fetch_to)};
+                          PacedPrefetch(vf, v_cut, rows_end, value_steps, st.fetch_to)};
     const auto add_values = [&](const auto& rows) HWY_ATTR {
       ForEachPass<CB, 4>(hd, L, [&](size_t c, auto width) {
         AccumulateRows<NQ, decltype(width)::value>(d, rows, tb, n, st.s, c, st.acc, next_values);
