@@ -151,14 +151,13 @@ constexpr FetchSplit kFetchSpread = {3, 2, 3, 2};
 // 0.98x against this); GQA 8 0.990x, so more queries keep kFetchSpread. With the KV in L2 1.007x.
 constexpr FetchSplit kFetchOwnValues = {0, 2, 10, 0, true};
 
-HWY_INLINE bool FetchesOwnValues(int nq, size_t head_bytes, FetchTo to) {
-  return nq >= 2 && nq <= 4 && to == FetchTo::kL1 && 4 * head_bytes > kL1FetchBytes && __builtin_cpu_is("amd") &&
-         HWY_TARGET <= HWY_AVX3;
-}
-
-HWY_INLINE FetchSplit FetchSplitFor(int nq) {
+// The split of a tile of nq queries whose head blocks of head_bytes are fetched `to`.
+HWY_INLINE FetchSplit FetchSplitFor(int nq, size_t head_bytes, FetchTo to) {
   const bool amd = __builtin_cpu_is("amd");
-  if (amd && HWY_TARGET <= HWY_AVX3) return kFetchSpread;
+  if (amd && HWY_TARGET <= HWY_AVX3) {
+    const bool wide_into_l1 = to == FetchTo::kL1 && 4 * head_bytes > kL1FetchBytes;
+    return wide_into_l1 && nq >= 2 && nq <= 4 ? kFetchOwnValues : kFetchSpread;
+  }
   if (nq > 4) return kFetchOutsideFold;
   return amd ? kFetchWhileFolding : kFetchInAllPhases;
 }
@@ -421,7 +420,7 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
   st.fetch_to = 4 * head_bytes > kL1FetchBytes ? WideHeadFetch(NQ) : FetchTo::kL1;
-  st.split = FetchesOwnValues(NQ, head_bytes, st.fetch_to) ? kFetchOwnValues : FetchSplitFor(NQ);
+  st.split = FetchSplitFor(NQ, head_bytes, st.fetch_to);
 }
 
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
@@ -458,7 +457,8 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     const size_t tb = static_cast<size_t>(t0) - b * bt;
     const int n = std::min(kTileT, block_end - t0);
     const size_t rows_begin = tb * row_bytes, rows_end = (tb + static_cast<size_t>(n)) * row_bytes;
-    // The next visit's rows [rows_begin, rows_end) of K and of V, cut between the tile's phases.
+    // The rows [rows_begin, rows_end) fetched, of the next visit's K and of the next visit's V (or,
+    // with split.own_values, this visit's), cut between the tile's phases.
     const FetchSplit& split = st.split;
     const uint8_t* const vf = split.own_values ? vh : vn;  // the V rows fetched
     const size_t k_cut0 = CutTenths(rows_begin, rows_end, split.key_tenths_scoring);
