@@ -48,7 +48,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // evicted before use, and WideHeadFetch says how. On an Intel Xeon (Sapphire Rapids, L1 48 KiB),
 // 2 threads, prefetcht1 read hd128 7-9 % faster than prefetcht0 (GQA 1 1153-1181 -> 1233-1281
 // tokens/s, GQA 4 1021-1072 -> 1104-1147); hd64 (32 KiB) gained nothing at GQA 1 and lost 5 % at
-// GQA 4, and on AMD EPYC (Zen 5) prefetchnta was mixed there (GQA 1 +1-6 %, GQA 4 -4 to -13 %).
+// GQA 4. Head blocks within it are fetched as NarrowHeadFetch says.
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
 
 // K and V bytes fetched ahead of the visit being read: 32 KiB on AMD without AVX-512 (Zen 3), 16
@@ -177,6 +177,20 @@ HWY_INLINE FetchSplit FetchSplitFor(int nq, size_t head_bytes, FetchTo to) {
 HWY_INLINE FetchTo WideHeadFetch(int nq) {
   if (!__builtin_cpu_is("amd")) return FetchTo::kL2;
   return nq == 1 ? FetchTo::kNonTemporal : FetchTo::kL1;
+}
+
+// prefetchnta on AMD with AVX-512 (Zen 4, not measured, and Zen 5) for tiles of up to four
+// queries, prefetcht0 elsewhere. AMD EPYC (Zen 5), hd64, from memory, one build switching between
+// passes (16-20 alternating pairs, median ratio of adjacent passes) against prefetcht0, 2 threads:
+// GQA 1 1.029-1.043x as fast (ctx 4096 batch 16), 1.014-1.022x (batch 64), 1.035-1.050x (ctx 512
+// batch 64), 1.070x (ctx 2048), 1.033x (ctx 8192); GQA 2 1.043-1.045x, 1.109x (ctx 512 batch 64);
+// GQA 3 1.022x; GQA 4 1.019-1.032x, 1.012-1.024x (batch 64), 1.023x (ctx 512 batch 64); GQA 8
+// 0.968-1.006x, so more queries keep prefetcht0. One thread: GQA 1 1.028x, GQA 2 1.041x, GQA 4
+// 0.998x. With the KV in L3 (ctx 128, one thread) GQA 1 read 0.95x as fast. Before kFetchSpread,
+// prefetchnta had read GQA 4 4-13 % slower there. The quantized kernels read the same either way
+// (q8 and q4, hd64 and hd128, GQA 1 and 4: 0.977-1.027x).
+HWY_INLINE FetchTo NarrowHeadFetch(int nq) {
+  return __builtin_cpu_is("amd") && HWY_TARGET <= HWY_AVX3 && nq <= 4 ? FetchTo::kNonTemporal : FetchTo::kL1;
 }
 
 // Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's key or
@@ -419,7 +433,7 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
     st.min_limit = j == 0 ? tile.limit[j] : std::min(st.min_limit, tile.limit[j]);
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
-  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? WideHeadFetch(NQ) : FetchTo::kL1;
+  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? WideHeadFetch(NQ) : NarrowHeadFetch(NQ);
   st.split = FetchSplitFor(NQ, head_bytes, st.fetch_to);
 }
 
