@@ -583,13 +583,13 @@ HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales
 }
 
 // The same for a q8 head block whose keys are rows of int8 (one not yet full; see ScoreSealedQ8),
-// with fp32 scales `scales` (indexed by row).
+// with fp16 scales `scales` (indexed by row).
 // DK: int16 lanes per chunk. Each key chunk is widened once for up to four queries on AVX-512 and
 // two before it (more would not fit the accumulators in registers: four on AVX2 spilled, and two
 // passes of two read hd64 and hd128 GQA 4 11 % faster, KV in L2 on AMD EPYC Zen 3).
 template <int NQ, class DK>
 HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* rows,
-                            const float* scales, const QuantQueryQ8* qq, float (*s)[kTileT], size_t col) {
+                            const uint16_t* scales, const QuantQueryQ8* qq, float (*s)[kTileT], size_t col) {
   constexpr int kPassQ = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
   if constexpr (NQ > kPassQ) {
     ScoreQuadQ8<kPassQ>(dk, data, hd, rows, scales, qq, s, col);
@@ -600,9 +600,9 @@ HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* 
     const hn::Full128<float> d4;
     const hn::Full128<int32_t> d4i;
     const size_t L = hn::Lanes(dk);
-    float row_scale[4];
+    uint16_t row_scale[4];
     for (int i = 0; i < 4; ++i) row_scale[i] = scales[rows[i]];
-    const auto rs = hn::LoadU(d4, row_scale);
+    const auto rs = LoadF16(d4, row_scale);
     hn::Vec<decltype(d32)> a[NQ][4], a1[NQ][4];
 #pragma GCC unroll 4
     for (int j = 0; j < NQ; ++j)
@@ -653,11 +653,11 @@ HWY_INLINE hn::Vec<D32> AddPairProducts(D32 d32, hn::Vec<D32> acc, V16 a, V16 b)
 
 // s[j][col + w * TV + i] = score of query j against key i of key vector w, for NP queries and W
 // vectors of TV = Lanes(dk) / 2 consecutive keys of sealed q8 keys: kt [hd/2][stride][2] int8 at
-// the first key, sc its fp32 scales. Each int16 vector holds two elements of TV keys, so every
+// the first key, sc its fp16 scales. Each int16 vector holds two elements of TV keys, so every
 // int32 lane of the pair products sums into one key: no horizontal sums. fetch.Next() every
 // `cadence` pairs of dimensions.
 template <int NP, int W, class DK, class Fetch>
-HWY_INLINE void ScoreSealedPassQ8(DK dk, const int8_t* kt, size_t stride, const float* sc, size_t hd,
+HWY_INLINE void ScoreSealedPassQ8(DK dk, const int8_t* kt, size_t stride, const uint16_t* sc, size_t hd,
                                   const QuantQueryQ8* qq, float (*s)[kTileT], size_t col, size_t cadence,
                                   Fetch& fetch) {
   const hn::Rebind<int8_t, DK> d8;
@@ -692,7 +692,7 @@ HWY_INLINE void ScoreSealedPassQ8(DK dk, const int8_t* kt, size_t stride, const 
     const auto qs = hn::Set(df, qq[j].qscale);
 #pragma GCC unroll 8
     for (int w = 0; w < W; ++w) {
-      const auto scale = hn::Mul(hn::LoadU(df, sc + static_cast<size_t>(w) * TV), qs);
+      const auto scale = hn::Mul(LoadF16(df, sc + static_cast<size_t>(w) * TV), qs);
       hn::StoreU(hn::Mul(hn::ConvertTo(df, a[j][w]), scale), df, s[j] + col + static_cast<size_t>(w) * TV);
     }
   }
@@ -715,7 +715,7 @@ constexpr int SealedVectors() {
 
 // ScoreSealedQ8 for the queries qq [NQ], in passes of kSealedPassQ.
 template <int NQ, class DK, class Fetch>
-HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scales, size_t tb, size_t n, size_t bt,
+HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const uint16_t* scales, size_t tb, size_t n, size_t bt,
                                      size_t hd, const QuantQueryQ8* qq, float (*s)[kTileT], size_t cadence,
                                      Fetch& fetch) {
   if constexpr (NQ > kSealedPassQ) {
@@ -735,25 +735,25 @@ HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const float* scale
       ScoreSealedPassQ8<NQ, 1>(dk, at(tb + v), width(tb + v), scales + tb + v, hd, qq, s, v, cadence, fetch);
     if (v < n) {  // the block's last keys, fewer than TV: copied into a block of TV keys
       HWY_ALIGN int8_t keys[kMaxHeadDim / 2 * 32];
-      HWY_ALIGN float sc[16] = {};
+      HWY_ALIGN uint16_t sc[16] = {};
       const size_t m = bt - (tb + v);
       const detail::Run g = detail::run_of(tb + v, kQ8KeyGroup, bt);
       // Bytes from key tb + v's first pair to the end of its group's last pair row.
       const size_t readable = (hd / 2 * g.width - (tb + v - g.start)) * 2;
       CopyRowsZeroPadded(hn::Half<hn::Repartition<uint8_t, DK>>(), Bytes(at(tb + v)), g.width * 2, m * 2, hd / 2, readable,
                          TV * 2, reinterpret_cast<uint8_t*>(keys));
-      std::memcpy(sc, scales + tb + v, m * sizeof(float));
+      std::memcpy(sc, scales + tb + v, m * sizeof(uint16_t));
       ScoreSealedPassQ8<NQ, 1>(dk, keys, TV, sc, hd, qq, s, v, cadence, fetch);
     }
   }
 }
 
 // s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
-// [tb, tb + n) of a sealed q8 head block (key groups at kd, fp32 scales [bt]). The scoring phase
+// [tb, tb + n) of a sealed q8 head block (key groups at kd, fp16 scales [bt]). The scoring phase
 // of `next` is fetched meanwhile, in about 16 steps, as the row-major keys are (in bursts of a
 // quarter tile, GQA 1 read slower from memory).
 template <int NQ, class DK>
-HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const float* scales, size_t tb, size_t n, size_t bt,
+HWY_INLINE void ScoreSealedQ8(DK dk, const int8_t* kd, const uint16_t* scales, size_t tb, size_t n, size_t bt,
                               size_t hd, const QuantQueryQ8* qq, float (*s)[kTileT], const NextShare& next) {
   constexpr size_t kSteps = 16;
   constexpr int NP = NQ < kSealedPassQ ? NQ : kSealedPassQ;
@@ -1064,7 +1064,7 @@ struct GroupShape {
 };
 template <bool kQ4>
 HWY_INLINE GroupShape GroupShapeOf(size_t head_bytes, size_t bt, size_t hd) {
-  return {head_bytes, kQ4 ? detail::q4_data_offset(bt, hd / 32) : bt * sizeof(float), (head_bytes + bt - 1) / bt,
+  return {head_bytes, kQ4 ? detail::q4_data_offset(bt, hd / 32) : detail::q8_data_offset(bt), (head_bytes + bt - 1) / bt,
           KeyNibblesByGfni()};
 }
 
@@ -1101,7 +1101,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     const NextShare next(kn, vn, pf_begin, pf_end, SplitOfFetch<NQ>());
     if (sealed) {
       if constexpr (!kQ4)
-        ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const float*>(kb), tb,
+        ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const uint16_t*>(kb), tb,
                           static_cast<size_t>(n), bt, hd, st.qq, st.s, next);
     } else if constexpr (kQ4) {
       const auto* ks = reinterpret_cast<const uint16_t*>(kb);
@@ -1117,7 +1117,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
         size_t rows[4];
         for (int i = 0; i < 4; ++i) rows[i] = tb + static_cast<size_t>(std::min(t + i, n - 1));
         const size_t col = static_cast<size_t>(t);  // scores of rows >= n are set to -inf later
-        ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows, reinterpret_cast<const float*>(kb),
+        ScoreQuadQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), hd, rows, reinterpret_cast<const uint16_t*>(kb),
                         st.qq, st.s, col);
       }
     }
@@ -1138,7 +1138,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
           const auto* sc = reinterpret_cast<const uint16_t*>(vb) + detail::q4_scale_index(tb + t, g, groups);
           scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, sc));
         } else {
-          scale[g][c] = hn::MaskedLoad(live, dt, reinterpret_cast<const float*>(vb) + tb + t);
+          scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, reinterpret_cast<const uint16_t*>(vb) + tb + t));
         }
         vmax = hn::Max(vmax, scale[g][c]);
         nan = hn::Or(nan, hn::IsNaN(scale[g][c]));

@@ -15,8 +15,6 @@ constexpr int kMaxHeadDim = 256;  // attention keeps a head's accumulators on th
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, sizeof v); }
-
 // Moves the keys at `data`, 16-bit elements, between rows [bt][cols] and groups of `group` rows
 // (the last one as many as are left), each [cols][group], by way of scratch.
 void relayout_key_groups(uint8_t* data, size_t cols, size_t bt, size_t group, uint8_t* scratch, bool seal) {
@@ -37,9 +35,12 @@ void fetch_for_write(const uint8_t* p, size_t n) {
   const size_t skip = reinterpret_cast<uintptr_t>(p) % kLine;  // bytes of the first line before p
   for (size_t at = 0; at < skip + n; at += kLine) __builtin_prefetch(p - skip + at, 1, 3);
 }
-float load_f32(const uint8_t* p) {
+// The fp16 scale of row t of a q8 head block, as fp32.
+float q8_scale(const uint8_t* head_block, size_t t) {
+  uint16_t h;
+  std::memcpy(&h, head_block + t * sizeof(uint16_t), sizeof h);
   float v;
-  std::memcpy(&v, p, sizeof v);
+  f16_to_f32(&h, &v, 1);
   return v;
 }
 
@@ -113,11 +114,11 @@ class Q8Format final : public QuantFormatBase {
   const char* name() const override { return "q8"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim; }
   size_t head_block_bytes(int bt, int hd) const override {
-    return round_up(size_t(bt) * sizeof(float) + round_up(size_t(bt), 4) * size_t(hd), 64);
+    return round_up(detail::q8_data_offset(size_t(bt)) + round_up(size_t(bt), 4) * size_t(hd), 64);
   }
   void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
-    auto* data = reinterpret_cast<int8_t*>(hb + size_t(bt) * sizeof(float));
-    float scale;
+    auto* data = reinterpret_cast<int8_t*>(hb + detail::q8_data_offset(size_t(bt)));
+    uint16_t scale;
     if (part == KvPart::key) {  // quantized in place
       scale = quantize_row_q8(src, size_t(hd), data + detail::q8_key_index(false, size_t(t), 0, size_t(hd), size_t(bt)));
     } else {
@@ -131,11 +132,11 @@ class Q8Format final : public QuantFormatBase {
         for (size_t i = 0; i < width; ++i) row[4 * i] = q[c0 + i];
       }
     }
-    store_f32(hb + size_t(t) * sizeof(float), scale);
+    std::memcpy(hb + size_t(t) * sizeof(uint16_t), &scale, sizeof scale);
   }
   void prefetch_row(KvPart part, int hd, int bt, int t, const uint8_t* hb) const override {
-    fetch_for_write(hb + size_t(t) * sizeof(float), sizeof(float));
-    const uint8_t* data = hb + size_t(bt) * sizeof(float);
+    fetch_for_write(hb + size_t(t) * sizeof(uint16_t), sizeof(uint16_t));
+    const uint8_t* data = hb + detail::q8_data_offset(size_t(bt));
     if (part == KvPart::key) return fetch_for_write(data + size_t(t) * size_t(hd), size_t(hd));
     for (size_t c0 = 0; c0 < size_t(hd); c0 += kQ8ValueChunk)
       fetch_for_write(data + detail::q8_value_index(size_t(t), c0, size_t(hd), size_t(bt)) - size_t(t) % 4,
@@ -143,8 +144,8 @@ class Q8Format final : public QuantFormatBase {
   }
   void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     if (part == KvPart::key) return detail::q8_decode_key_row(hb, false, size_t(hd), size_t(bt), size_t(t), dst);
-    const float scale = load_f32(hb + size_t(t) * sizeof(float));
-    const auto* data = reinterpret_cast<const int8_t*>(hb + size_t(bt) * sizeof(float));
+    const float scale = q8_scale(hb, size_t(t));
+    const auto* data = reinterpret_cast<const int8_t*>(hb + detail::q8_data_offset(size_t(bt)));
     for (size_t i = 0; i < size_t(hd); ++i) dst[i] = static_cast<float>(data[detail::q8_value_index(size_t(t), i, size_t(hd), size_t(bt))]) * scale;
   }
   // Keys [bt][hd] <-> groups of [hd/2][32][2].
@@ -158,7 +159,7 @@ class Q8Format final : public QuantFormatBase {
  private:
   // Element pairs are the transposed 16-bit elements.
   static void relayout_keys(uint8_t* hb, size_t hd, size_t bt, uint8_t* scratch, bool seal) {
-    relayout_key_groups(hb + bt * sizeof(float), hd / 2, bt, kQ8KeyGroup, scratch, seal);
+    relayout_key_groups(hb + detail::q8_data_offset(bt), hd / 2, bt, kQ8KeyGroup, scratch, seal);
   }
 };
 
@@ -224,8 +225,8 @@ class Q4Format final : public QuantFormatBase {
 }  // namespace
 
 void detail::q8_decode_key_row(const uint8_t* hb, bool sealed, size_t hd, size_t bt, size_t t, float* dst) {
-  const float scale = load_f32(hb + t * sizeof(float));
-  const auto* data = reinterpret_cast<const int8_t*>(hb + bt * sizeof(float));
+  const float scale = q8_scale(hb, t);
+  const auto* data = reinterpret_cast<const int8_t*>(hb + q8_data_offset(bt));
   for (size_t i = 0; i < hd; ++i) dst[i] = static_cast<float>(data[q8_key_index(sealed, t, i, hd, bt)]) * scale;
 }
 

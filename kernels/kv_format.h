@@ -9,14 +9,14 @@
 //        chunks of kF16ValueChunk elements, each [block_tokens][16] (the last chunk as wide as the
 //        elements left); fp16. A scoring pass reads one key group, and a value pass one chunk, as
 //        one run of memory (f16_sealed_key_index, f16_sealed_value_index).
-//   q8 : [block_tokens] fp32 scales, then keys [block_tokens][head_dim] int8, sealed (head_dim
+//   q8 : [block_tokens] fp16 scales, then keys [block_tokens][head_dim] int8, sealed (head_dim
 //        even) in groups of kQ8KeyGroup keys, each [head_dim/2][32][2] (pairs of elements, for
 //        int16 pair products; the last group as wide as the keys left), values in chunks of
 //        kQ8ValueChunk elements, each [ceil(block_tokens/4)][32][4] int8 (row t, element i of a
 //        chunk at (t/4, i, t%4); the last chunk as wide as the elements left), so that a scoring
 //        pass over a group, and a value pass over a chunk, reads one run of memory
 //        (q8_key_index, q8_value_index); x = q * scale, one scale per token per kv head
-//        (max|x| / 127).
+//        (fp16(max|x| / 127)).
 //   q4 : fp16 scales [ceil(block_tokens/16)][head_dim/32][16] (the scales of 16 consecutive rows
 //        side by side per group, so that one vector load serves a vector of keys or values),
 //        then data. A row is head_dim/2 bytes: in group g byte j holds element 32g+j in its low
@@ -154,6 +154,8 @@ inline size_t q4_key_index(size_t t, size_t c, size_t head_dim) {
 // q8_seals_keys), and of a q8 value block's data, and of row t, group g, byte j of a q4 value
 // block's data (all from the start of the data).
 inline bool q8_seals_keys(size_t head_dim) { return head_dim % 2 == 0; }
+// Byte offset of a q8 head block's data: after its block_tokens fp16 scales.
+inline size_t q8_data_offset(size_t block_tokens) { return block_tokens * sizeof(uint16_t); }
 inline size_t q8_key_index(bool sealed, size_t t, size_t i, size_t head_dim, size_t block_tokens) {
   if (!sealed) return t * head_dim + i;
   const Run g = run_of(t, kQ8KeyGroup, block_tokens);

@@ -67,16 +67,20 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> RoundScaled(DF df, hn::Vec<DF> x, flo
   return hn::Min(hn::Max(r, hn::Set(di, -levels)), hn::Set(di, levels));
 }
 
-float QuantizeRowQ8Impl(const uint16_t* x, size_t n, int8_t* q) {
+uint16_t QuantizeRowQ8Impl(const uint16_t* x, size_t n, int8_t* q) {
   const DF df;
   const hn::Rebind<int8_t, DF> d8;
   const size_t L = hn::Lanes(df);
   HWY_ALIGN float xf[kMaxRow + hn::MaxLanes(DF())];
   const size_t padded = LoadRow(df, x, n, xf);
-  const float scale = MaxAbsOrNaN(df, xf, padded) / 127.0f;
+  // The stored scale is the grid: fp32 -> fp16 -> fp32, as decoding reads it.
+  const hn::CappedTag<float, 1> d1;
+  HWY_ALIGN uint16_t half[hn::MaxLanes(d1)];
+  StoreF16(d1, hn::Set(d1, MaxAbsOrNaN(df, xf, padded) / 127.0f), half);
+  const float scale = hn::GetLane(LoadF16(d1, half));
   if (scale != scale) {
     std::memset(q, 0, n);
-    return scale;
+    return half[0];
   }
   const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
   // Whole vectors go straight to q and only the tail through a buffer. Copied out of one whole,
@@ -89,7 +93,7 @@ float QuantizeRowQ8Impl(const uint16_t* x, size_t n, int8_t* q) {
     hn::Store(hn::DemoteTo(d8, RoundScaled(df, hn::Load(df, xf + i), inv, 127)), d8, tail);
     std::memcpy(q + i, tail, n - i);
   }
-  return scale;
+  return half[0];
 }
 
 void QuantizeRowQ4Impl(const uint16_t* x, size_t n, uint8_t* bytes, uint16_t* scales) {
@@ -143,7 +147,7 @@ namespace fd::kernels {
 HWY_EXPORT(QuantizeRowQ8Impl);
 HWY_EXPORT(QuantizeRowQ4Impl);
 
-float quantize_row_q8(const uint16_t* x, size_t n, int8_t* q) {
+uint16_t quantize_row_q8(const uint16_t* x, size_t n, int8_t* q) {
   return HWY_DYNAMIC_DISPATCH(QuantizeRowQ8Impl)(x, n, q);
 }
 

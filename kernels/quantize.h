@@ -7,8 +7,9 @@
 namespace fd::kernels {
 
 // q[i] = round(x[i] / scale) in [-127, 127], ties to even, for the fp16 row x [n] (n <= 256);
-// returns scale = max|x| / 127. A row with a NaN or an infinity gets a NaN scale and zeros.
-float quantize_row_q8(const uint16_t* x, size_t n, int8_t* q);
+// returns the bits of scale = fp16(max|x| / 127), the grid the integers are on. A row with a NaN
+// or an infinity gets a NaN scale and zeros.
+uint16_t quantize_row_q8(const uint16_t* x, size_t n, int8_t* q);
 
 // For each group g of 32 elements of the fp16 row x [n] (n a multiple of 32, at most 256): its
 // scale s = fp16(max|x in g| / 7) into scales[g], and bytes[16 g + j] = the nibbles

@@ -466,15 +466,16 @@ TEST_CASE("sealing a q8 block moves its keys into element pairs and unsealing re
     f.seal(KvPart::value, block.data(), hd, bt, scratch.data());  // values keep their layout
     CHECK(block == rows);
     f.seal(KvPart::key, block.data(), hd, bt, scratch.data());
-    const uint8_t* data = block.data() + size_t(bt) * sizeof(float);
-    const uint8_t* was = rows.data() + size_t(bt) * sizeof(float);
+    const size_t data_off = fd::kernels::detail::q8_data_offset(size_t(bt));
+    const uint8_t* data = block.data() + data_off;
+    const uint8_t* was = rows.data() + data_off;
     size_t misplaced = 0;
     for (int t = 0; t < bt; ++t)
       for (int i = 0; i < hd; ++i)
         misplaced += data[fd::kernels::detail::q8_key_index(true, size_t(t), size_t(i), size_t(hd), size_t(bt))] !=
                      was[size_t(t) * size_t(hd) + size_t(i)];
     CHECK(misplaced == 0);
-    CHECK(std::equal(rows.begin(), rows.begin() + bt * 4, block.begin()));  // scales stay
+    CHECK(std::equal(rows.begin(), rows.begin() + long(data_off), block.begin()));  // scales stay
     CHECK(block != rows);
     f.unseal(KvPart::key, block.data(), hd, bt, scratch.data());
     CHECK(block == rows);
@@ -586,16 +587,21 @@ void check_quant_case(fd::kernels::KvDtype dt, int len, int hd, int gqa, int n_q
 }  // namespace
 
 TEST_CASE("the q8 and q4 row quantizers give the scalar formula's integers on every SIMD target", "[attention]") {
-  // The formula of kernels/quantize.h in plain scalar code: fp32 scale and product, rounding to
-  // nearest even (the default mode of nearbyint).
+  // The formula of kernels/quantize.h in plain scalar code: the scale rounded to fp16, fp32
+  // product, rounding to nearest even (the default mode of nearbyint).
   const auto q8_ref = [](const std::vector<float>& x, std::vector<int8_t>& q) {
     float amax = 0.0f;
     for (float v : x) amax = std::max(amax, std::isfinite(v) ? std::fabs(v) : std::numeric_limits<float>::infinity());
     q.assign(x.size(), 0);
-    if (std::isinf(amax)) return std::numeric_limits<float>::quiet_NaN();
-    const float scale = amax / 127.0f, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    const float s32 = std::isinf(amax) ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+    uint16_t bits;
+    fd::kernels::f32_to_f16(&s32, &bits, 1);
+    float scale;
+    fd::kernels::f16_to_f32(&bits, &scale, 1);
+    if (std::isnan(scale)) return bits;
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
     for (size_t i = 0; i < x.size(); ++i) q[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
-    return scale;
+    return bits;
   };
   const auto q4_ref = [](const std::vector<float>& x, std::vector<uint8_t>& bytes, std::vector<uint16_t>& scales) {
     bytes.assign(x.size() / 2, 0x88);
@@ -629,16 +635,17 @@ TEST_CASE("the q8 and q4 row quantizers give the scalar formula's integers on ev
       fd::kernels::f32_to_f16(x.data(), h.data(), n);
       fd::kernels::f16_to_f32(h.data(), x.data(), n);  // the values the quantizers see
       std::vector<int8_t> want8;
-      const float want_scale = q8_ref(x, want8);
+      const uint16_t want_scale = q8_ref(x, want8);
       std::vector<uint8_t> want4;
       std::vector<uint16_t> want_scales;
       if (n % 32 == 0) q4_ref(x, want4, want_scales);
       for_each_simd_target([&](int64_t target) {
         INFO("target " << hwy::TargetName(target) << " n " << n << " kind " << kind);
         std::vector<int8_t> got8(n, 99);
-        const float scale = fd::kernels::quantize_row_q8(h.data(), n, got8.data());
+        const uint16_t scale = fd::kernels::quantize_row_q8(h.data(), n, got8.data());
         CHECK(got8 == want8);
-        CHECK((scale == want_scale || (std::isnan(scale) && std::isnan(want_scale))));
+        const auto is_nan = [](uint16_t b) { return (b & 0x7C00) == 0x7C00 && (b & 0x3FF) != 0; };
+        CHECK((scale == want_scale || (is_nan(scale) && is_nan(want_scale))));
         if (n % 32 != 0) return;
         std::vector<uint8_t> got4(n / 2, 0);
         std::vector<uint16_t> got_scales(n / 32, 0);
