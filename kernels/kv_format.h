@@ -150,12 +150,12 @@ inline size_t q4_data_offset(size_t block_tokens, size_t groups) {
 inline size_t q4_key_index(size_t t, size_t c, size_t head_dim) {
   return ((t / kQ4KeyGroup * (head_dim / 8) + c / 4) * kQ4KeyGroup + t % kQ4KeyGroup) * 4 + c % 4;
 }
+// Byte offset of a q8 head block's data, from its start: after its block_tokens fp16 scales.
+inline size_t q8_data_offset(size_t block_tokens) { return block_tokens * sizeof(uint16_t); }
 // Byte of row t, element i of a q8 key block's data (transposed when sealed, see
 // q8_seals_keys), and of a q8 value block's data, and of row t, group g, byte j of a q4 value
 // block's data (all from the start of the data).
 inline bool q8_seals_keys(size_t head_dim) { return head_dim % 2 == 0; }
-// Byte offset of a q8 head block's data: after its block_tokens fp16 scales.
-inline size_t q8_data_offset(size_t block_tokens) { return block_tokens * sizeof(uint16_t); }
 inline size_t q8_key_index(bool sealed, size_t t, size_t i, size_t head_dim, size_t block_tokens) {
   if (!sealed) return t * head_dim + i;
   const Run g = run_of(t, kQ8KeyGroup, block_tokens);
