@@ -587,33 +587,37 @@ void check_quant_case(fd::kernels::KvDtype dt, int len, int hd, int gqa, int n_q
 }  // namespace
 
 TEST_CASE("the q8 and q4 row quantizers give the scalar formula's integers on every SIMD target", "[attention]") {
-  // The formula of kernels/quantize.h in plain scalar code: the scale rounded to fp16, fp32
+  // The formulas of kernels/quantize.h in plain scalar code: the scale rounded to fp16, fp32
   // product, rounding to nearest even (the default mode of nearbyint).
-  const auto q8_ref = [](const std::vector<float>& x, std::vector<int8_t>& q) {
-    float amax = 0.0f;
-    for (float v : x) amax = std::max(amax, std::isfinite(v) ? std::fabs(v) : std::numeric_limits<float>::infinity());
-    q.assign(x.size(), 0);
-    const float s32 = std::isinf(amax) ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
-    uint16_t bits;
+  // Scale s32 rounded to fp16: its bits into bits, and its value as read back.
+  const auto round_to_f16 = [](float s32, uint16_t& bits) {
     fd::kernels::f32_to_f16(&s32, &bits, 1);
     float scale;
     fd::kernels::f16_to_f32(&bits, &scale, 1);
+    return scale;
+  };
+  const auto f16_is_nan = [](uint16_t b) { return (b & 0x7C00) == 0x7C00 && (b & 0x3FF) != 0; };
+  const auto q8_ref = [&](const std::vector<float>& x, std::vector<int8_t>& q) {
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::isfinite(v) ? std::fabs(v) : std::numeric_limits<float>::infinity());
+    q.assign(x.size(), 0);
+    uint16_t bits;
+    const float scale =
+        round_to_f16(std::isinf(amax) ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f, bits);
     if (std::isnan(scale)) return bits;
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
     for (size_t i = 0; i < x.size(); ++i) q[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
     return bits;
   };
-  const auto q4_ref = [](const std::vector<float>& x, std::vector<uint8_t>& bytes, std::vector<uint16_t>& scales) {
+  const auto q4_ref = [&](const std::vector<float>& x, std::vector<uint8_t>& bytes, std::vector<uint16_t>& scales) {
     bytes.assign(x.size() / 2, 0x88);
     scales.assign(x.size() / 32, 0);
     for (size_t g = 0; g < x.size() / 32; ++g) {
       float amax = 0.0f;
       for (size_t i = 32 * g; i < 32 * g + 32; ++i)
         amax = std::max(amax, std::isfinite(x[i]) ? std::fabs(x[i]) : std::numeric_limits<float>::infinity());
-      const float s32 = std::isinf(amax) ? std::numeric_limits<float>::quiet_NaN() : amax / 7.0f;
-      fd::kernels::f32_to_f16(&s32, &scales[g], 1);
-      float scale;
-      fd::kernels::f16_to_f32(&scales[g], &scale, 1);
+      const float scale =
+          round_to_f16(std::isinf(amax) ? std::numeric_limits<float>::quiet_NaN() : amax / 7.0f, scales[g]);
       if (std::isnan(scale)) continue;
       const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
       const auto nib = [&](size_t i) { return unsigned(std::clamp(std::nearbyint(x[i] * inv), -7.0f, 7.0f) + 8.0f); };
@@ -644,17 +648,14 @@ TEST_CASE("the q8 and q4 row quantizers give the scalar formula's integers on ev
         std::vector<int8_t> got8(n, 99);
         const uint16_t scale = fd::kernels::quantize_row_q8(h.data(), n, got8.data());
         CHECK(got8 == want8);
-        const auto is_nan = [](uint16_t b) { return (b & 0x7C00) == 0x7C00 && (b & 0x3FF) != 0; };
-        CHECK((scale == want_scale || (is_nan(scale) && is_nan(want_scale))));
+        CHECK((scale == want_scale || (f16_is_nan(scale) && f16_is_nan(want_scale))));
         if (n % 32 != 0) return;
         std::vector<uint8_t> got4(n / 2, 0);
         std::vector<uint16_t> got_scales(n / 32, 0);
         fd::kernels::quantize_row_q4(h.data(), n, got4.data(), got_scales.data());
         CHECK(got4 == want4);
-        for (size_t g = 0; g < n / 32; ++g) {
-          const bool nan = (want_scales[g] & 0x7C00) == 0x7C00 && (want_scales[g] & 0x3FF) != 0;
-          CHECK((got_scales[g] == want_scales[g] || (nan && (got_scales[g] & 0x7C00) == 0x7C00 && (got_scales[g] & 0x3FF) != 0)));
-        }
+        for (size_t g = 0; g < n / 32; ++g)
+          CHECK((got_scales[g] == want_scales[g] || (f16_is_nan(want_scales[g]) && f16_is_nan(got_scales[g]))));
       });
     }
 }
