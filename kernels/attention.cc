@@ -51,6 +51,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // GQA 4. Head blocks within it are fetched as NarrowHeadFetch says.
 constexpr size_t kL1FetchBytes = size_t(32) << 10;
 
+// Whether a visit's K and V and the next visit's (4 head blocks of head_bytes) fit kL1FetchBytes.
+HWY_INLINE bool FourHeadBlocksFitL1(size_t head_bytes) { return 4 * head_bytes <= kL1FetchBytes; }
+
 // K and V bytes fetched ahead of the visit being read: 32 KiB on AMD without AVX-512 (Zen 3), 16
 // elsewhere, so that hd64 (16 KiB of K and V per visit at 64-token blocks) fetches two visits
 // ahead on Zen 3 and one on Intel and on AMD with AVX-512 (Zen 4, not measured, and Zen 5), and
@@ -83,7 +86,7 @@ HWY_INLINE size_t FetchAheadBytes() {
 // prefetcht2 1.022), GQA 1 1.066 and 1.045, ctx 512 batch 64 GQA 4 1.008; hd128, whose fetch goes
 // to L2 already (WideHeadFetch), GQA 4 0.972, GQA 1 1.028.
 HWY_INLINE int PageTouchVisits(size_t head_bytes) {
-  return !__builtin_cpu_is("amd") && 4 * head_bytes <= kL1FetchBytes ? 2 : 0;
+  return !__builtin_cpu_is("amd") && FourHeadBlocksFitL1(head_bytes) ? 2 : 0;
 }
 
 // Fetches the first two lines of each 4 KiB page of [p, p + bytes) that lie in the range into L2:
@@ -155,7 +158,7 @@ constexpr FetchSplit kFetchOwnValues = {0, 2, 10, 0, true};
 HWY_INLINE FetchSplit FetchSplitFor(int nq, size_t head_bytes, FetchTo to) {
   const bool amd = __builtin_cpu_is("amd");
   if (amd && HWY_TARGET <= HWY_AVX3) {
-    const bool wide_into_l1 = to == FetchTo::kL1 && 4 * head_bytes > kL1FetchBytes;
+    const bool wide_into_l1 = to == FetchTo::kL1 && !FourHeadBlocksFitL1(head_bytes);
     return wide_into_l1 && nq >= 2 && nq <= 4 ? kFetchOwnValues : kFetchSpread;
   }
   if (nq > 4) return kFetchOutsideFold;
@@ -433,7 +436,7 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
     st.min_limit = j == 0 ? tile.limit[j] : std::min(st.min_limit, tile.limit[j]);
   }
   st.head_off = static_cast<size_t>(kv_head) * head_bytes;
-  st.fetch_to = 4 * head_bytes > kL1FetchBytes ? WideHeadFetch(NQ) : NarrowHeadFetch(NQ);
+  st.fetch_to = FourHeadBlocksFitL1(head_bytes) ? NarrowHeadFetch(NQ) : WideHeadFetch(NQ);
   st.split = FetchSplitFor(NQ, head_bytes, st.fetch_to);
 }
 

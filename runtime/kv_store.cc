@@ -168,9 +168,13 @@ void KvStore::append_batch(int layer, const KvAppend* items, size_t n, kernels::
   });
 }
 
-KvStore::Seq* KvStore::find_seq(uint64_t seq) {
+const KvStore::Seq* KvStore::find_seq(uint64_t seq) const {
   const auto it = seqs_.find(seq);
   return it == seqs_.end() ? nullptr : &it->second;
+}
+
+KvStore::Seq* KvStore::find_seq(uint64_t seq) {
+  return const_cast<Seq*>(std::as_const(*this).find_seq(seq));
 }
 
 void KvStore::check_layer(int layer) const {
@@ -249,16 +253,15 @@ void KvStore::set_sealed(const uint8_t* k, const uint8_t* v, bool sealed, uint8_
 }
 
 int KvStore::length(uint64_t seq, int layer) const {
-  const auto it = seqs_.find(seq);
-  if (it == seqs_.end() || layer < 0 || layer >= cfg_.n_layers) return 0;
-  return it->second.len[static_cast<size_t>(layer)];
+  const Seq* s = find_seq(seq);
+  if (s == nullptr || layer < 0 || layer >= cfg_.n_layers) return 0;
+  return s->len[static_cast<size_t>(layer)];
 }
 
 const KvStore::Seq* KvStore::find_for_view(uint64_t seq, int layer) const {
-  const auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return nullptr;
-  check_layer(layer);
-  return &it->second;
+  const Seq* s = find_seq(seq);
+  if (s != nullptr) check_layer(layer);
+  return s;
 }
 
 kernels::KvBlocksF16 KvStore::view(uint64_t seq, int layer) const {

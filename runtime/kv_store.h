@@ -91,7 +91,8 @@ class KvStore {
   void check_layer(int layer) const;  // throws fd::Error for a layer the store lacks
   // The sequence, or null when it holds nothing; throws fd::Error for a layer the store lacks.
   const Seq* find_for_view(uint64_t seq, int layer) const;
-  Seq* find_seq(uint64_t seq);  // null for an unknown sequence
+  const Seq* find_seq(uint64_t seq) const;  // null for an unknown sequence
+  Seq* find_seq(uint64_t seq);
   // found (find_seq(seq)), when an append() of rows [pos0, pos0 + n) of a layer may write it;
   // throws fd::Error naming what is wrong with the append.
   Seq& checked_append(Seq* found, uint64_t seq, int layer, int pos0, int n);
