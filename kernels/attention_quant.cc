@@ -36,10 +36,18 @@ namespace {
 
 constexpr int kTileT = kWeightTileKeys;  // keys scored per softmax step
 constexpr int kMaxHeadDim = 256;
-// K and V bytes fetched ahead of the kernel, in visits of one kv head's block: about one core's
-// share of the read bandwidth times the memory latency (measured best at 2-3 blocks of q4/q8 with
-// head_dim 128 when each head was walked alone; not re-tuned for the block-major order).
-constexpr size_t kPrefetchBytes = 6144;
+// K and V bytes fetched ahead of the kernel, in visits of one kv head's block (one at least):
+// q4 hd64 (4.5 KiB of K and V a visit at 64-token blocks) two visits ahead, larger heads one. AMD
+// EPYC (Zen 5), from memory (ctx 4096, batch 16, 4 layers), one build switching between passes,
+// median ratio of adjacent passes (8-12 pairs), two visits ahead against one:
+// - one thread: q4 hd64 GQA 1 1.112x as fast, GQA 2 1.201x, GQA 4 1.085x (ctx 512 batch 64
+//   1.055x), GQA 8 1.010x; q4 hd128 GQA 1 0.955x and GQA 4 0.972x, q8 hd64 0.975x and 1.046x, q8
+//   hd128 0.924x and 0.932x, so those keep one; KV in cache (q4 hd64 GQA 4) 0.986x.
+// - 2 threads (stream at 32-36 GB/s): q4 hd64 GQA 4 1.038x, batch 64 1.030x, ctx 512 batch 64
+//   1.035x; GQA 1 1.044x, 1.020x and 1.070x.
+// (6 KiB, one visit for all, had been measured best at 2-3 visits of q4 and q8 hd128 when each
+// head was walked alone, before the block-major order.)
+constexpr size_t kPrefetchBytes = 12288;
 constexpr float kQ8Levels = 32767.0f;  // q8 queries are int16: |sum| <= 256 * 127 * 32767 < 2^31
 constexpr float kQ4Levels = 127.0f;    // q4 queries are int8 (u8 x i8 pair sums fit int16)
 
@@ -1212,7 +1220,7 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
   const GroupShape gs = GroupShapeOf<kQ4>(head_bytes, bt, hd);
-  // Small heads (q4) are fetched further ahead: about kPrefetchBytes of K and V in flight.
+  // About kPrefetchBytes of K and V in flight: small heads (q4 hd64) are fetched further ahead.
   const int ahead = visits_ahead(kPrefetchBytes, head_bytes);
   for_each_block_visit(blocks, n_tiles, ahead, 0, [&](int i, size_t b, int ai, size_t ab, int, size_t) {
     const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
