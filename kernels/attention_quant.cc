@@ -410,13 +410,23 @@ struct FetchTenths {
 //   KV in cache (one core, ctx 512) the fetch's instructions cost q8 hd64 GQA 4 0.93x and q4 0.98x.
 constexpr FetchTenths kFetchInAllPhases = {{5, 3}, {3, 3}};
 
-// The split for NQ queries per kv head. One query's softmax and rounding (FoldTileToWeights) are
-// a few instructions per key, too short a phase to issue a share of the fetch in: its share goes
-// to the scoring instead. AMD EPYC (Zen 5), --threads 2 --ctx 4096 --batch 16, 2 alternating runs,
-// GB/s with the fold's share -> with it moved: q8 hd128 41.0 -> 48.1, q4 hd64 36.2 -> 43.9 (the runs'
-// ranges overlap), q8 hd64 and q4 hd128 +6 and +3 %.
+// The split for NQ queries per kv head of head_dim hd. One query's softmax and rounding
+// (FoldTileToWeights) are a few instructions per key, too short a phase to issue a share of the
+// fetch in: its share goes to the scoring instead. AMD EPYC (Zen 5), --threads 2 --ctx 4096
+// --batch 16, 2 alternating runs, GB/s with the fold's share -> with it moved: q8 hd128 41.0 ->
+// 48.1, q4 hd64 36.2 -> 43.9 (the runs' ranges overlap), q8 hd64 and q4 hd128 +6 and +3 %.
+// At head_dim 64 one query fetches 4 tenths of each while scoring and the rest while summing, where
+// the split above leaves it 8 tenths of K and 6 of V while scoring. AMD EPYC (Zen 5), from memory,
+// one build switching between passes (8-12 pairs), median ratio of adjacent passes against it,
+// with q4 hd64 fetched two visits ahead (kPrefetchBytes): one thread (ctx 4096, batch 16) q8 hd64
+// 1.066x as fast, q4 hd64 1.038x ({3, 0, 3, 0} 1.035x and 1.046-1.051x, {5, 0, 5, 0} 0.944x and
+// 1.027x, {3, 3, 3, 3} 0.989x and 1.056-1.068x); 2 threads (slow stream) q8 1.091x (batch 64
+// 1.098x, ctx 512 batch 64 1.065x), q4 1.034x (batch 64 1.040x); q4 with the KV in cache 1.039x.
+// At hd128 it read 0.894x (q4) and 0.947x (q8), so larger heads keep the split above.
+constexpr FetchTenths kFetchOneSmallHead = {{4, 0}, {4, 0}};
 template <int NQ>
-constexpr FetchTenths SplitOfFetch() {
+HWY_INLINE FetchTenths SplitOfFetch(size_t hd) {
+  if (NQ == 1 && hd <= 64) return kFetchOneSmallHead;
   FetchTenths t = kFetchInAllPhases;
   if (NQ == 1) {
     t.key[0] += t.key[1];
@@ -1106,7 +1116,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
     const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
-    const NextShare next(kn, vn, pf_begin, pf_end, SplitOfFetch<NQ>());
+    const NextShare next(kn, vn, pf_begin, pf_end, SplitOfFetch<NQ>(hd));
     if (sealed) {
       if constexpr (!kQ4)
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const uint16_t*>(kb), tb,
