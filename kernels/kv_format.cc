@@ -35,10 +35,10 @@ void fetch_for_write(const uint8_t* p, size_t n) {
   const size_t skip = reinterpret_cast<uintptr_t>(p) % kLine;  // bytes of the first line before p
   for (size_t at = 0; at < skip + n; at += kLine) __builtin_prefetch(p - skip + at, 1, 3);
 }
-// The fp16 scale of row t of a q8 head block, as fp32.
-float q8_scale(const uint8_t* head_block, size_t t) {
+// Scale i of a q8 or q4 head block, whose fp16 scales start the block, as fp32.
+float scale_at(const uint8_t* head_block, size_t i) {
   uint16_t h;
-  std::memcpy(&h, head_block + t * sizeof(uint16_t), sizeof h);
+  std::memcpy(&h, head_block + i * sizeof(uint16_t), sizeof h);
   float v;
   f16_to_f32(&h, &v, 1);
   return v;
@@ -144,7 +144,7 @@ class Q8Format final : public QuantFormatBase {
   }
   void decode_row(KvPart part, const uint8_t* hb, int hd, int bt, int t, float* dst) const override {
     if (part == KvPart::key) return detail::q8_decode_key_row(hb, false, size_t(hd), size_t(bt), size_t(t), dst);
-    const float scale = q8_scale(hb, size_t(t));
+    const float scale = scale_at(hb, size_t(t));
     const auto* data = reinterpret_cast<const int8_t*>(hb + detail::q8_data_offset(size_t(bt)));
     for (size_t i = 0; i < size_t(hd); ++i) dst[i] = static_cast<float>(data[detail::q8_value_index(size_t(t), i, size_t(hd), size_t(bt))]) * scale;
   }
@@ -202,10 +202,7 @@ class Q4Format final : public QuantFormatBase {
     const size_t groups = size_t(hd) / 32;
     const uint8_t* data = hb + detail::q4_data_offset(size_t(bt), groups);
     for (size_t g = 0; g < groups; ++g) {
-      uint16_t half;
-      std::memcpy(&half, hb + detail::q4_scale_index(size_t(t), g, groups) * sizeof(uint16_t), sizeof half);
-      float scale;
-      f16_to_f32(&half, &scale, 1);
+      const float scale = scale_at(hb, detail::q4_scale_index(size_t(t), g, groups));
       for (size_t j = 0; j < 16; ++j) {
         const uint8_t b = data[index(part, hd, t, g * 16 + j)];
         dst[g * 32 + j] = static_cast<float>((b & 15) - 8) * scale;
@@ -225,7 +222,7 @@ class Q4Format final : public QuantFormatBase {
 }  // namespace
 
 void detail::q8_decode_key_row(const uint8_t* hb, bool sealed, size_t hd, size_t bt, size_t t, float* dst) {
-  const float scale = q8_scale(hb, t);
+  const float scale = scale_at(hb, t);
   const auto* data = reinterpret_cast<const int8_t*>(hb + q8_data_offset(bt));
   for (size_t i = 0; i < hd; ++i) dst[i] = static_cast<float>(data[q8_key_index(sealed, t, i, hd, bt)]) * scale;
 }
