@@ -298,7 +298,9 @@ TEST_CASE("backend loader: the CUDA module built next to the tests loads", "[cud
          << exe.parent_path().string());
   }
   if (!std::ifstream(path).good()) {
-    WARN("skipped: " << path << " is missing (not built, for want of a CUDA compiler at configure time, or not copied with the tests)");
+    WARN("skipped: " << path
+                      << " is missing (not built, for want of a CUDA compiler at configure time, or not copied with "
+                         "the tests)");
     return;
   }
   std::string why;
