@@ -154,10 +154,28 @@ constexpr FetchSplit kFetchSpread = {3, 2, 3, 2};
 // 0.98x against this); GQA 8 0.990x, so more queries keep kFetchSpread. With the KV in L2 1.007x.
 constexpr FetchSplit kFetchOwnValues = {0, 2, 10, 0, true};
 
-// The split of a tile of nq queries whose head blocks of head_bytes are fetched `to`.
-HWY_INLINE FetchSplit FetchSplitFor(int nq, size_t head_bytes, FetchTo to) {
+// Whether the fp16 kernel reads KvLayout::kSideBySide faster than kApart on this CPU (the store's
+// choice, KvFormat::layout): on AMD with AVX-512 (Zen 4, not measured, and Zen 5), where every tile
+// then fetches its own values while it scores its keys and the next visit's keys while it sums
+// (kFetchOwnValues), so that reads and fetches both walk one run of memory. AMD EPYC (Zen 5),
+// fastdecode-bench attention --threads 2 --ctx 512,4096 --batch 16,64 --kv-dtype f16, --kv-layout
+// apart and side alternating, 6 runs each, each run-cell by its stream's mode, medians per cell of
+// the fraction of the stream read: beside the slow stream (39-49 GB/s) 0.94-1.05 side by side
+// against 0.87-0.97 apart (50 of 50 run-cells at 0.90 or more, against 42 of 73), beside the fast
+// one (60-80 GB/s) 0.74-0.90 against 0.67-0.80. One thread, from memory (ctx 4096 batch 8, one
+// process switching layouts between passes, median of 10 pairs): hd64 GQA 1 1.12x as fast, GQA 4
+// 1.04x, hd128 GQA 1 1.09x. Prefill (fastdecode-bench prefill, hd64 and hd128, GQA 1 and 4, 2 runs
+// each) 1.00-1.04x. With the splits above (kFetchSpread) the same copies had read 0.81-0.90x as
+// fast at GQA 1 and 0.95-1.19x at GQA 4; off AMD, and for the quantized kernels (whose fetch is
+// tuned for kApart: q8 read 0.82-0.91x as fast side by side, q4 0.80-1.08x), the heads stay apart.
+HWY_INLINE bool SideBySideReadsFaster() { return __builtin_cpu_is("amd") && HWY_TARGET <= HWY_AVX3; }
+
+// The split of a tile of nq queries whose head blocks of head_bytes are fetched `to`, laid out as
+// `layout` says.
+HWY_INLINE FetchSplit FetchSplitFor(int nq, size_t head_bytes, FetchTo to, KvLayout layout) {
   const bool amd = __builtin_cpu_is("amd");
   if (amd && HWY_TARGET <= HWY_AVX3) {
+    if (layout == KvLayout::kSideBySide) return kFetchOwnValues;
     const bool wide_into_l1 = to == FetchTo::kL1 && !FourHeadBlocksFitL1(head_bytes);
     return wide_into_l1 && nq >= 2 && nq <= 4 ? kFetchOwnValues : kFetchSpread;
   }
@@ -423,7 +441,7 @@ struct TileState {
 };
 
 template <int NQ>
-void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, TileState<NQ>& st) {
+void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, KvLayout layout, size_t hd, TileState<NQ>& st) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int j = 0; j < NQ; ++j) {
     for (size_t c = 0; c < hd; ++c) {
@@ -435,9 +453,9 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, size_t hd, Tile
     st.max_limit = std::max(st.max_limit, tile.limit[j]);
     st.min_limit = j == 0 ? tile.limit[j] : std::min(st.min_limit, tile.limit[j]);
   }
-  st.head_off = static_cast<size_t>(kv_head) * head_bytes;
+  st.head_off = static_cast<size_t>(kv_head) * kv_head_stride(layout, head_bytes);
   st.fetch_to = FourHeadBlocksFitL1(head_bytes) ? NarrowHeadFetch(NQ) : WideHeadFetch(NQ);
-  st.split = FetchSplitFor(NQ, head_bytes, st.fetch_to);
+  st.split = FetchSplitFor(NQ, head_bytes, st.fetch_to, layout);
 }
 
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
@@ -532,7 +550,7 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
   TileState<NQ> st[kMaxGroupQ / NQ];
   size_t blocks[kMaxGroupQ / NQ] = {};
   for (int i = 0; i < n_tiles; ++i) {
-    BeginTile(tiles[i], kv_heads[i], head_bytes, hd, st[i]);
+    BeginTile(tiles[i], kv_heads[i], head_bytes, kv.layout, hd, st[i]);
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
   // Visits ahead whose rows are fetched: about FetchAheadBytes() of K and V, one at least.
@@ -627,6 +645,8 @@ void SoftmaxExpOf(const float* x, float* y, size_t n) {
     hn::StoreU(ExpNonPositive<kCoarse>(d, hn::LoadU(d, x + i)), d, y + i);
   for (; i < n; ++i) hn::StoreU(ExpNonPositive<kCoarse>(d1, hn::LoadU(d1, x + i)), d1, y + i);
 }
+KvLayout F16LayoutImpl() { return SideBySideReadsFaster() ? KvLayout::kSideBySide : KvLayout::kApart; }
+
 void SoftmaxExpImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<false>(x, y, n); }
 void SoftmaxExpCoarseImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<true>(x, y, n); }
 
@@ -639,6 +659,7 @@ namespace fd::kernels {
 
 HWY_EXPORT(AttendHeadsF16Impl);
 HWY_EXPORT(AttendHeadsImpl);
+HWY_EXPORT(F16LayoutImpl);
 HWY_EXPORT(SoftmaxExpImpl);
 HWY_EXPORT(SoftmaxExpCoarseImpl);
 
@@ -716,6 +737,8 @@ void attend_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_
   HWY_DYNAMIC_DISPATCH(AttendHeadsImpl)(q, n_q, q_pos0, kv, head_bytes, d, kvh_begin, kvh_end, out, stats);
 }
 }  // namespace detail
+
+KvLayout f16_layout() { return HWY_DYNAMIC_DISPATCH(F16LayoutImpl)(); }
 
 void softmax_exp(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxExpImpl)(x, y, n); }
 void softmax_exp_coarse(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxExpCoarseImpl)(x, y, n); }

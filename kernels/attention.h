@@ -11,15 +11,28 @@ struct AttnDims {
   int head_dim = 0;
 };
 
+// Where a block's kv heads lie. kApart: k[b] and v[b] each point at [n_kv_heads][head block], the
+// K of all kv heads in one run and their V in another. kSideBySide: k[b] points at
+// [n_kv_heads][K head block, V head block] and v[b] = k[b] + one head block, so that each kv
+// head's K and V are one run.
+enum class KvLayout : uint8_t { kApart = 0, kSideBySide = 1 };
+
+// Bytes from kv head h's K (or V) block to kv head h + 1's.
+inline size_t kv_head_stride(KvLayout layout, size_t head_block_bytes) {
+  return layout == KvLayout::kSideBySide ? 2 * head_block_bytes : head_block_bytes;
+}
+
 // K/V of one sequence and one layer. Block b holds tokens [b*block_tokens, (b+1)*block_tokens);
-// k[b] and v[b] point at [n_kv_heads][block_tokens][head_dim] fp16 keys and values while the block
-// is not full ((b+1)*block_tokens > len), and at the f16 format's sealed layout once it is: per kv
-// head, keys in groups of 16 transposed, values in chunks of 16 elements (kernels/kv_format.h).
+// each kv head's K and V head blocks (placed as `layout` says) hold [block_tokens][head_dim] fp16
+// keys and values while the block is not full ((b+1)*block_tokens > len), and the f16 format's
+// sealed layout once it is: keys in groups of 16 transposed, values in chunks of 16 elements
+// (kernels/kv_format.h).
 struct KvBlocksF16 {
   const uint16_t* const* k = nullptr;
   const uint16_t* const* v = nullptr;
   int block_tokens = 0;
   int len = 0;  // valid tokens
+  KvLayout layout = KvLayout::kApart;
 };
 
 // Causal attention for n_q query rows of one sequence. Row i sits at position q_pos0 + i and
@@ -35,14 +48,16 @@ class ThreadPool;
 enum class KvDtype : uint8_t { f16 = 0, q8 = 1, q4 = 2 };
 
 // K/V of one sequence and one layer in any KvDtype. Block b holds tokens
-// [b*block_tokens, (b+1)*block_tokens); k[b] and v[b] each point at
-// [n_kv_heads][KvFormat::head_block_bytes] bytes (for f16 exactly the KvBlocksF16 layout).
+// [b*block_tokens, (b+1)*block_tokens); its kv heads' K and V head blocks of
+// KvFormat::head_block_bytes each are placed as `layout` says (for f16 exactly the KvBlocksF16
+// layout).
 struct KvBlocks {
   KvDtype dtype = KvDtype::f16;
   const uint8_t* const* k = nullptr;
   const uint8_t* const* v = nullptr;
   int block_tokens = 0;
   int len = 0;  // valid tokens
+  KvLayout layout = KvLayout::kApart;
 };
 
 // attention_f16 for any KvDtype; throws std::invalid_argument for a head_dim the dtype cannot hold.
@@ -70,6 +85,9 @@ struct AttnItem {
 // not depend on the thread count.
 void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, ThreadPool& pool);
 void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadPool& pool);
+
+// The layout attention_f16 reads fastest on this CPU (the f16 KV store's, KvFormat::layout).
+KvLayout f16_layout();
 
 // y[i] = exp(x[i]) for x[i] <= 0, as the fp16 kernel's softmax computes its weights (exposed for
 // tests): within 2 ulp where exp(x) >= FLT_MIN, 0 for x < -87.7 and for -inf.

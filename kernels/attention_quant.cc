@@ -89,7 +89,7 @@ void AttendTileScalar(const Tile& tile, const KvBlocks& kv, size_t head_bytes, i
                       int head_dim) {
   const KvFormat& f = kv_format(kv.dtype);
   const size_t hd = static_cast<size_t>(head_dim);
-  const size_t off = static_cast<size_t>(kv_head) * head_bytes;
+  const size_t off = static_cast<size_t>(kv_head) * kv_head_stride(kv.layout, head_bytes);
   const float levels = kv.dtype == KvDtype::q4 ? kQ4Levels : kQ8Levels;
   float k[kMaxHeadDim], v[kMaxHeadDim];
   // Key row t into k: the q8 keys of a full block are transposed (sealed).
@@ -1226,7 +1226,7 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
       st[i].max_limit = std::max(st[i].max_limit, tiles[i].limit[j]);
       st[i].min_limit = j == 0 ? tiles[i].limit[j] : std::min(st[i].min_limit, tiles[i].limit[j]);
     }
-    st[i].head_off = static_cast<size_t>(kv_heads[i]) * head_bytes;
+    st[i].head_off = static_cast<size_t>(kv_heads[i]) * kv_head_stride(kv.layout, head_bytes);
     blocks[i] = (static_cast<size_t>(st[i].max_limit) + bt - 1) / bt;
   }
   const GroupShape gs = GroupShapeOf<kQ4>(head_bytes, bt, hd);

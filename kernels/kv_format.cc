@@ -70,6 +70,7 @@ class F16Format final : public KvFormatBase {
   size_t head_block_bytes(int bt, int hd) const override {
     return size_t(bt) * size_t(hd) * sizeof(uint16_t);
   }
+  KvLayout layout() const override { return f16_layout(); }
   void encode_row(KvPart, const uint16_t* src, int hd, int, int t, uint8_t* hb) const override {
     copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
   }
@@ -245,6 +246,17 @@ bool parse_kv_dtype(const std::string& s, KvDtype* dtype) {
   for (KvDtype d : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
     if (s == kv_dtype_name(d)) {
       *dtype = d;
+      return true;
+    }
+  return false;
+}
+
+const char* kv_layout_name(KvLayout layout) { return layout == KvLayout::kSideBySide ? "side" : "apart"; }
+
+bool parse_kv_layout(const std::string& s, KvLayout* layout) {
+  for (KvLayout l : {KvLayout::kApart, KvLayout::kSideBySide})
+    if (s == kv_layout_name(l)) {
+      *layout = l;
       return true;
     }
   return false;

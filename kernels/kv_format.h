@@ -72,6 +72,9 @@ class KvFormat {
   virtual bool supports(int head_dim) const = 0;
   // Bytes of one kv head's block (q8/q4 round up to 64 so every head starts a cache line).
   virtual size_t head_block_bytes(int block_tokens, int head_dim) const = 0;
+  // Where the store places a block's kv heads: the layout this format's attention reads fastest
+  // on this CPU (the quantized kernels have been tuned for kApart only).
+  virtual KvLayout layout() const { return KvLayout::kApart; }
   // Encodes the fp16 row src [head_dim] as row t of a key or value head_block.
   virtual void encode_row(KvPart part, const uint16_t* src, int head_dim, int block_tokens, int t,
                           uint8_t* head_block) const = 0;
@@ -108,6 +111,9 @@ const KvFormat& kv_format(KvDtype dtype);
 const char* kv_dtype_name(KvDtype dtype);
 // Parses "f16", "q8" or "q4"; false for anything else.
 bool parse_kv_dtype(const std::string& s, KvDtype* dtype);
+// "apart" or "side" (side by side), and back.
+const char* kv_layout_name(KvLayout layout);
+bool parse_kv_layout(const std::string& s, KvLayout* layout);
 
 namespace detail {
 // The per-target attention kernels for every dtype (kernels/attention.cc); head_bytes is the

@@ -54,7 +54,9 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
   if (!format_->supports(cfg.head_dim))
     throw Error(std::string("KV-cache format ") + format_->name() + " cannot hold head_dim " +
                 std::to_string(cfg.head_dim) + ".");
+  layout_ = cfg.layout.value_or(format_->layout());
   head_bytes_ = format_->head_block_bytes(cfg.block_tokens, cfg.head_dim);
+  head_stride_ = kernels::kv_head_stride(layout_, head_bytes_);
   scratch_.assign(1, std::vector<uint8_t>(head_bytes_));
   part_bytes_ = part_bytes_of(cfg);
   page_bytes_ = kv_page_bytes(cfg);
@@ -103,15 +105,16 @@ void KvStore::reserve(uint64_t seq, int new_len) {
     page_free_[page] = 0;
     --free_count_;
     s.pages.push_back(page);
-    // A layer's K of all pages lies in one region and its V in another, so a sequence's K (and V)
-    // is one run per reserved stretch of pages. With each kv head's K and V side by side instead,
-    // one run for both, a plain read in attention's order went 8-18 % faster (hd64), but fp16
-    // attention read 0.93-0.98x as fast at GQA 1 and 0.98-1.13x at GQA 4: AMD EPYC (Zen 5), 2
-    // threads, hd64 and hd128, ctx 4096, copies of the same blocks in one process, 14-20
-    // alternating pairs.
+    // kApart: a layer's K of all pages lies in one region and its V in another, so a sequence's K
+    // (and V) is one run per reserved stretch of pages; kSideBySide: one run of both.
     for (size_t l = 0; l < s.len.size(); ++l) {
-      s.kb[l].push_back(arena_.get() + ((2 * l) * total_pages_ + page) * part_bytes_);
-      s.vb[l].push_back(arena_.get() + ((2 * l + 1) * total_pages_ + page) * part_bytes_);
+      if (layout_ == kernels::KvLayout::kSideBySide) {
+        s.kb[l].push_back(arena_.get() + (l * total_pages_ + page) * 2 * part_bytes_);
+        s.vb[l].push_back(s.kb[l].back() + head_bytes_);
+      } else {
+        s.kb[l].push_back(arena_.get() + ((2 * l) * total_pages_ + page) * part_bytes_);
+        s.vb[l].push_back(arena_.get() + ((2 * l + 1) * total_pages_ + page) * part_bytes_);
+      }
       s.k[l].push_back(reinterpret_cast<const uint16_t*>(s.kb[l].back()));
       s.v[l].push_back(reinterpret_cast<const uint16_t*>(s.vb[l].back()));
     }
@@ -221,15 +224,15 @@ void KvStore::write_rows(Seq& s, int layer, int pos0, const uint16_t* k, const u
     auto* vd = const_cast<uint8_t*>(vb[b]);
     // The next head's lines are fetched while this one's rows are encoded (KvFormat::prefetch_row).
     const auto prefetch = [&](int h) {
-      format_->prefetch_row(kernels::KvPart::key, cfg_.head_dim, cfg_.block_tokens, tb, kd + h * head_bytes_);
-      format_->prefetch_row(kernels::KvPart::value, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_bytes_);
+      format_->prefetch_row(kernels::KvPart::key, cfg_.head_dim, cfg_.block_tokens, tb, kd + h * head_stride_);
+      format_->prefetch_row(kernels::KvPart::value, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_stride_);
     };
     prefetch(0);
     for (int h = 0; h < cfg_.n_kv_heads; ++h) {
       if (h + 1 < cfg_.n_kv_heads) prefetch(h + 1);
       const size_t src = static_cast<size_t>(t) * row + static_cast<size_t>(h) * cfg_.head_dim;
-      format_->encode_row(kernels::KvPart::key, k + src, cfg_.head_dim, cfg_.block_tokens, tb, kd + h * head_bytes_);
-      format_->encode_row(kernels::KvPart::value, v + src, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_bytes_);
+      format_->encode_row(kernels::KvPart::key, k + src, cfg_.head_dim, cfg_.block_tokens, tb, kd + h * head_stride_);
+      format_->encode_row(kernels::KvPart::value, v + src, cfg_.head_dim, cfg_.block_tokens, tb, vd + h * head_stride_);
     }
   }
   const size_t end = static_cast<size_t>(pos0 + n);
@@ -244,7 +247,7 @@ void KvStore::set_sealed(const uint8_t* k, const uint8_t* v, bool sealed, uint8_
   auto* vd = const_cast<uint8_t*>(v);
   for (int h = 0; h < cfg_.n_kv_heads; ++h)
     for (auto [part, d] : {std::pair{kernels::KvPart::key, kd}, {kernels::KvPart::value, vd}}) {
-      uint8_t* hb = d + h * head_bytes_;
+      uint8_t* hb = d + h * head_stride_;
       if (sealed)
         format_->seal(part, hb, cfg_.head_dim, cfg_.block_tokens, scratch);
       else
@@ -270,6 +273,7 @@ kernels::KvBlocksF16 KvStore::view(uint64_t seq, int layer) const {
                 " values, which have no fp16 view; use view_blocks().");
   kernels::KvBlocksF16 kv;
   kv.block_tokens = cfg_.block_tokens;
+  kv.layout = layout_;
   if (const Seq* s = find_for_view(seq, layer)) {
     const size_t l = static_cast<size_t>(layer);
     kv.k = s->k[l].data();
@@ -283,6 +287,7 @@ kernels::KvBlocks KvStore::view_blocks(uint64_t seq, int layer) const {
   kernels::KvBlocks kv;
   kv.dtype = cfg_.dtype;
   kv.block_tokens = cfg_.block_tokens;
+  kv.layout = layout_;
   if (const Seq* s = find_for_view(seq, layer)) {
     const size_t l = static_cast<size_t>(layer);
     kv.k = s->kb[l].data();

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct KvStoreConfig {
   int block_tokens = 64;
   size_t capacity_bytes = size_t(1) << 30;
   kernels::KvDtype dtype = kernels::KvDtype::f16;  // q8/q4 quantize rows on append
+  // Where a page's kv heads lie (kernels/attention.h); unset: the format's choice for this CPU
+  // (KvFormat::layout).
+  std::optional<kernels::KvLayout> layout = std::nullopt;
 };
 
 // One sequence's rows for KvStore::append_batch: positions [pos0, pos0 + n) of one layer.
@@ -73,6 +77,7 @@ class KvStore {
   void drop(uint64_t seq);  // frees every page of seq; unknown seq is a no-op
 
   size_t page_bytes() const { return page_bytes_; }
+  kernels::KvLayout layout() const { return layout_; }
   size_t total_pages() const { return total_pages_; }
   size_t used_pages() const { return total_pages_ - free_count_; }
   size_t free_pages() const { return free_count_; }
@@ -108,7 +113,9 @@ class KvStore {
   void set_sealed(const uint8_t* k, const uint8_t* v, bool sealed, uint8_t* scratch) const;
   KvStoreConfig cfg_;
   const kernels::KvFormat* format_ = nullptr;
+  kernels::KvLayout layout_ = kernels::KvLayout::kApart;
   size_t head_bytes_ = 0;   // one kv head's rows of one block (KvFormat::head_block_bytes)
+  size_t head_stride_ = 0;  // bytes from a kv head's K (or V) block to the next head's
   size_t part_bytes_ = 0;  // a page's K (or V) of one layer: [n_kv_heads][head_bytes_], to a cache line
   size_t page_bytes_ = 0;  // one page's share of the arena: n_layers * 2 * part_bytes_
   size_t total_pages_ = 0;
@@ -116,9 +123,11 @@ class KvStore {
     size_t bytes;
     void operator()(uint8_t* p) const;
   };
-  // [n_layers][K, V][total_pages_][part_bytes_], reserved as virtual memory (the OS commits a
-  // page on first write), so pages never move and block pointers stay valid. A sequence's
-  // consecutive pages are then one run of K and one of V per layer. Layer-major: with pages of all
+  // kApart: [n_layers][K, V][total_pages_][part_bytes_]; kSideBySide: [n_layers][total_pages_]
+  // [2 * part_bytes_], each kv head's K block followed by its V block. Reserved as virtual memory
+  // (the OS commits a page on first write), so pages never move and block pointers stay valid. A
+  // sequence's consecutive pages are then one run of K and one of V per layer (kApart), or one run
+  // of both (kSideBySide). Layer-major: with pages of all
   // layers side by side, attention jumped a page's other layers every 128 KiB (hd64, 8 kv heads)
   // and read slower from memory on one core: fp16 hd64 by 6-12 %, int8 by 4-34 % (AMD EPYC Zen 5).
   // K apart from V: AMD Zen 5's hardware prefetchers follow each load instruction's addresses, and
@@ -128,7 +137,9 @@ class KvStore {
   // attention --threads 2 --ctx 4096 --batch 16,64, with kMaxGroupQ 32, 3 alternating runs: int8
   // 26.5-42.3 -> 30.4-51.5 GB/s (hd64 GQA 1 batch 64 40.7 -> 51.5), fp16 35.5-43.0 -> 37.0-45.2,
   // int4 within noise. Intel Xeon (Emerald Rapids), batch 64: 16 threads, 2 runs, fp16 hd64 8-29 %
-  // faster, the rest within the runs' spread; 8 threads, one run, -13 to +10 %.
+  // faster, the rest within the runs' spread; 8 threads, one run, -13 to +10 %. Side by side, the
+  // fp16 kernel fetches each head's V while it scores its K, one run with it, and reads 1.0-1.2x as
+  // fast on AMD with AVX-512 (kernels/attention.cc, SideBySideReadsFaster), where f16 stores take it.
   std::unique_ptr<uint8_t, Unmap> arena_;
   std::vector<uint8_t> page_free_;  // [total_pages_] 1 where the page is free
   size_t free_count_ = 0;

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <utility>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -721,6 +722,66 @@ TEST_CASE("quantized attention gives the same answer on every SIMD target", "[at
       CHECK(bad == 0);
     });
   }
+}
+
+// A KvBlocks' blocks (kApart) copied into the kSideBySide layout: block b holds each kv head's K
+// head block followed by its V head block.
+struct SideBySideCopy {
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<const uint8_t*> kp, vp;
+  fd::kernels::KvBlocks kv;
+  SideBySideCopy(const fd::kernels::KvBlocks& apart, int n_kv_heads, int head_dim) : kv(apart) {
+    const size_t hb = fd::kernels::kv_format(apart.dtype).head_block_bytes(apart.block_tokens, head_dim);
+    const size_t n = size_t((apart.len + apart.block_tokens - 1) / apart.block_tokens);
+    for (size_t b = 0; b < n; ++b) {
+      auto& blk = blocks.emplace_back(2 * size_t(n_kv_heads) * hb);
+      for (int h = 0; h < n_kv_heads; ++h) {
+        std::memcpy(blk.data() + 2 * size_t(h) * hb, apart.k[b] + size_t(h) * hb, hb);
+        std::memcpy(blk.data() + (2 * size_t(h) + 1) * hb, apart.v[b] + size_t(h) * hb, hb);
+      }
+    }
+    for (auto& blk : blocks) {
+      kp.push_back(blk.data());
+      vp.push_back(blk.data() + hb);
+    }
+    kv.k = kp.data();
+    kv.v = vp.data();
+    kv.layout = fd::kernels::KvLayout::kSideBySide;
+  }
+};
+
+TEST_CASE("attention over kv heads laid side by side matches the heads apart bit for bit on every SIMD target",
+          "[attention]") {
+  using fd::kernels::KvDtype;
+  // Decode and prefill; GQA 1 to 8; blocks of 16, 5 and 64 tokens; a partial last block.
+  for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
+    for (auto [hd, gqa, n_q, len, bt] : {std::tuple{64, 1, 1, 100, 16}, {128, 4, 3, 70, 16}, {64, 8, 1, 33, 5},
+                                         {128, 2, 1, 200, 64}, {64, 4, 9, 9, 16}}) {
+      const int nkv = 2, n_heads = nkv * gqa;
+      const QuantKv apart(dt, nkv, hd, bt, len, uint32_t(hd + gqa + len));
+      const SideBySideCopy side(apart.view(), nkv, hd);
+      const auto q = random_q(size_t(n_q) * n_heads * hd, 2.0f, uint32_t(len));
+      const fd::kernels::AttnDims d{n_heads, nkv, hd};
+      for_each_kernel_target([&](int64_t target) {
+        INFO("target " << hwy::TargetName(target) << " " << fd::kernels::kv_dtype_name(dt) << " hd " << hd
+                       << " gqa " << gqa << " n_q " << n_q << " len " << len << " bt " << bt);
+        std::vector<float> a(q.size()), b(q.size(), -1.0f);
+        fd::kernels::attention(q.data(), n_q, len - n_q, apart.view(), d, a.data());
+        fd::kernels::attention(q.data(), n_q, len - n_q, side.kv, d, b.data());
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        if (dt != KvDtype::f16) return;
+        // The fp16 entry point reads the same layout.
+        std::vector<const uint16_t*> k16, v16;
+        for (size_t i = 0; i < side.kp.size(); ++i) {
+          k16.push_back(reinterpret_cast<const uint16_t*>(side.kp[i]));
+          v16.push_back(reinterpret_cast<const uint16_t*>(side.vp[i]));
+        }
+        const fd::kernels::KvBlocksF16 kv16{k16.data(), v16.data(), bt, len, fd::kernels::KvLayout::kSideBySide};
+        std::fill(b.begin(), b.end(), -1.0f);
+        fd::kernels::attention_f16(q.data(), n_q, len - n_q, kv16, d, b.data());
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      });
+    }
 }
 
 TEST_CASE("a NaN in one query head makes that head's output NaN and no other head's on every SIMD target",

@@ -56,6 +56,33 @@ TEST_CASE("bench attention prints every case with consistent figures and its pag
   }
 }
 
+TEST_CASE("bench attention lays its stores out as --kv-layout says, and names a bad layout", "[bench]") {
+  for (const char* layout : {"apart", "side"}) {
+    INFO("--kv-layout " << layout);
+    const auto lines = run_bench({"--json", "--ctx", "130", "--batch", "2", "--head-dim", "64", "--gqa", "2",
+                                  "--kv-dtype", "f16,q8", "--threads", "1", "--kv-heads", "2", "--min-time", "0",
+                                  "--cold-size", "0", "--stream-size", "4MiB", "--kv-layout", layout});
+    REQUIRE(lines.size() == 2);
+    for (const auto& line : lines) {
+      INFO(line);
+      CHECK(line.find(std::string("\"kv_layout\":\"") + layout + "\"") != std::string::npos);
+      CHECK(json_field(line, "gbps") > 0);
+    }
+  }
+  // auto: each dtype's own choice; the quantized kernels keep their heads apart on every CPU.
+  const auto lines = run_bench({"--json", "--ctx", "130", "--batch", "2", "--head-dim", "64", "--gqa", "1",
+                                "--kv-dtype", "q4", "--threads", "1", "--kv-heads", "2", "--min-time", "0",
+                                "--cold-size", "0", "--stream-size", "4MiB"});
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("\"kv_layout\":\"apart\"") != std::string::npos);
+  try {
+    run_bench({"--json", "--kv-layout", "diagonal"});
+    FAIL("no error");
+  } catch (const fd::Error& e) {
+    CHECK(std::string(e.what()).find("--kv-layout must be auto, apart or side, not 'diagonal'") != std::string::npos);
+  }
+}
+
 TEST_CASE("bench attention rejects an unknown page order by name", "[bench]") {
   try {
     run_bench({"--json", "--pages", "sideways"});

@@ -13,8 +13,13 @@
 
 namespace {
 
-fd::KvStoreConfig small_config(size_t pages) {
+using fd::kernels::KvLayout;
+constexpr KvLayout kLayouts[] = {KvLayout::kApart, KvLayout::kSideBySide};
+const char* layout_name(KvLayout l) { return l == KvLayout::kApart ? "apart" : "side by side"; }
+
+fd::KvStoreConfig small_config(size_t pages, KvLayout layout = KvLayout::kApart) {
   fd::KvStoreConfig c;
+  c.layout = layout;
   c.n_layers = 2;
   c.n_kv_heads = 2;
   c.head_dim = 8;
@@ -48,14 +53,18 @@ void check_contents(const fd::KvStore& s, uint64_t seq, int layer) {
   const auto kv = s.view(seq, layer);
   REQUIRE(kv.len == s.length(seq, layer));
   REQUIRE(kv.block_tokens == c.block_tokens);
+  REQUIRE(kv.layout == s.layout());
+  const size_t bt = size_t(c.block_tokens), hd = size_t(c.head_dim);
+  const size_t stride = kv.layout == KvLayout::kSideBySide ? 2 * bt * hd : bt * hd;  // elements
   size_t bad = 0;
   for (int t = 0; t < kv.len; ++t)
     for (int h = 0; h < c.n_kv_heads; ++h)
       for (int i = 0; i < c.head_dim; ++i) {
-        const size_t bt = size_t(c.block_tokens), hd = size_t(c.head_dim), b = size_t(t) / bt;
-        bad += kv.k[b][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), hd, bt, size_t(kv.len))] !=
+        const size_t b = size_t(t) / bt, len = size_t(kv.len);
+        bad += kv.k[b][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), hd, bt, len, stride)] !=
                tag(seq, layer, 0, t, h, i);
-        bad += kv.v[b][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), hd, bt, size_t(kv.len))] != tag(seq, layer, 1, t, h, i);
+        bad += kv.v[b][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), hd, bt, len, stride)] !=
+               tag(seq, layer, 1, t, h, i);
       }
   CHECK(bad == 0);
 }
@@ -63,67 +72,74 @@ void check_contents(const fd::KvStore& s, uint64_t seq, int layer) {
 }  // namespace
 
 TEST_CASE("KvStore reserves, appends and reads back per layer", "[kv]") {
-  fd::KvStore s(small_config(10));
-  CHECK(s.page_bytes() == 512);
-  CHECK(s.total_pages() == 10);
-  CHECK(s.free_pages() == 10);
-  CHECK_FALSE(s.contains(1));
-  CHECK(s.length(1, 0) == 0);
-  CHECK(s.view(1, 0).len == 0);
+  for (KvLayout layout : kLayouts) {
+    INFO(layout_name(layout));
+    fd::KvStore s(small_config(10, layout));
+    CHECK(s.layout() == layout);
+    CHECK(s.page_bytes() == 512);
+    CHECK(s.total_pages() == 10);
+    CHECK(s.free_pages() == 10);
+    CHECK_FALSE(s.contains(1));
+    CHECK(s.length(1, 0) == 0);
+    CHECK(s.view(1, 0).len == 0);
 
-  s.reserve(1, 10);  // 3 pages of 4 tokens
-  CHECK(s.contains(1));
-  CHECK(s.used_pages() == 3);
-  append(s, 1, 0, 0, 3);
-  append(s, 1, 0, 3, 4);  // crosses a block boundary
-  append(s, 1, 1, 0, 10);
-  CHECK(s.length(1, 0) == 7);
-  CHECK(s.length(1, 1) == 10);
-  CHECK(s.tokens() == 7);
-  check_contents(s, 1, 0);
-  check_contents(s, 1, 1);
+    s.reserve(1, 10);  // 3 pages of 4 tokens
+    CHECK(s.contains(1));
+    CHECK(s.used_pages() == 3);
+    append(s, 1, 0, 0, 3);
+    append(s, 1, 0, 3, 4);  // crosses a block boundary
+    append(s, 1, 1, 0, 10);
+    CHECK(s.length(1, 0) == 7);
+    CHECK(s.length(1, 1) == 10);
+    CHECK(s.tokens() == 7);
+    check_contents(s, 1, 0);
+    check_contents(s, 1, 1);
 
-  s.reserve(1, 12);  // still 3 pages
-  CHECK(s.used_pages() == 3);
-  s.reserve(1, 13);
-  CHECK(s.used_pages() == 4);
-  append(s, 1, 1, 10, 3);
-  check_contents(s, 1, 1);
-  check_contents(s, 1, 0);
+    s.reserve(1, 12);  // still 3 pages
+    CHECK(s.used_pages() == 3);
+    s.reserve(1, 13);
+    CHECK(s.used_pages() == 4);
+    append(s, 1, 1, 10, 3);
+    check_contents(s, 1, 1);
+    check_contents(s, 1, 0);
+  }
 }
 
 TEST_CASE("KvStore append rejects gaps and unreserved positions, rewinds on overlap", "[kv]") {
-  fd::KvStore s(small_config(10));
-  const auto k = rows(s.config(), 5, 0, 0, 0, 9), v = rows(s.config(), 5, 0, 1, 0, 9);
-  CHECK_THROWS_AS(s.append(5, 0, 0, k.data(), v.data(), 1), fd::Error);  // unknown sequence
-  s.reserve(5, 8);
-  CHECK_THROWS_AS(s.append(5, 0, 0, k.data(), v.data(), 9), fd::Error);  // beyond the 8 reserved
-  CHECK_THROWS_AS(s.append(5, 0, 1, k.data(), v.data(), 1), fd::Error);  // gap
-  // No such layer (the config holds 2): appends and both views name it.
-  CHECK_THROWS_WITH(s.append(5, 2, 0, k.data(), v.data(), 1), Catch::Contains("no layer 2 (it holds 2)"));
-  CHECK_THROWS_WITH(s.view(5, -1), Catch::Contains("no layer -1 (it holds 2)"));
-  CHECK_THROWS_WITH(s.view_blocks(5, 2), Catch::Contains("no layer 2 (it holds 2)"));
-  append(s, 5, 0, 0, 4);
-  CHECK(s.length(5, 0) == 4);
-  check_contents(s, 5, 0);
-  append(s, 5, 0, 2, 1);  // a retried step rewinds the layer to position 2 first
-  CHECK(s.length(5, 0) == 3);
-  check_contents(s, 5, 0);
-  // Rewinds into full (sealed) blocks, then refills them.
-  append(s, 5, 0, 3, 5);
-  CHECK(s.length(5, 0) == 8);
-  check_contents(s, 5, 0);
-  append(s, 5, 0, 3, 3);  // into block 0 (full again after it) and block 1 (left partial)
-  CHECK(s.length(5, 0) == 6);
-  check_contents(s, 5, 0);
-  append(s, 5, 0, 6, 2);
-  CHECK(s.length(5, 0) == 8);
-  check_contents(s, 5, 0);
-  append(s, 5, 0, 5, 0);  // a rewind that writes nothing leaves block 1 partial
-  CHECK(s.length(5, 0) == 5);
-  check_contents(s, 5, 0);
-  append(s, 5, 0, 5, 3);
-  check_contents(s, 5, 0);
+  for (KvLayout layout : kLayouts) {
+    INFO(layout_name(layout));
+    fd::KvStore s(small_config(10, layout));
+    const auto k = rows(s.config(), 5, 0, 0, 0, 9), v = rows(s.config(), 5, 0, 1, 0, 9);
+    CHECK_THROWS_AS(s.append(5, 0, 0, k.data(), v.data(), 1), fd::Error);  // unknown sequence
+    s.reserve(5, 8);
+    CHECK_THROWS_AS(s.append(5, 0, 0, k.data(), v.data(), 9), fd::Error);  // beyond the 8 reserved
+    CHECK_THROWS_AS(s.append(5, 0, 1, k.data(), v.data(), 1), fd::Error);  // gap
+    // No such layer (the config holds 2): appends and both views name it.
+    CHECK_THROWS_WITH(s.append(5, 2, 0, k.data(), v.data(), 1), Catch::Contains("no layer 2 (it holds 2)"));
+    CHECK_THROWS_WITH(s.view(5, -1), Catch::Contains("no layer -1 (it holds 2)"));
+    CHECK_THROWS_WITH(s.view_blocks(5, 2), Catch::Contains("no layer 2 (it holds 2)"));
+    append(s, 5, 0, 0, 4);
+    CHECK(s.length(5, 0) == 4);
+    check_contents(s, 5, 0);
+    append(s, 5, 0, 2, 1);  // a retried step rewinds the layer to position 2 first
+    CHECK(s.length(5, 0) == 3);
+    check_contents(s, 5, 0);
+    // Rewinds into full (sealed) blocks, then refills them.
+    append(s, 5, 0, 3, 5);
+    CHECK(s.length(5, 0) == 8);
+    check_contents(s, 5, 0);
+    append(s, 5, 0, 3, 3);  // into block 0 (full again after it) and block 1 (left partial)
+    CHECK(s.length(5, 0) == 6);
+    check_contents(s, 5, 0);
+    append(s, 5, 0, 6, 2);
+    CHECK(s.length(5, 0) == 8);
+    check_contents(s, 5, 0);
+    append(s, 5, 0, 5, 0);  // a rewind that writes nothing leaves block 1 partial
+    CHECK(s.length(5, 0) == 5);
+    check_contents(s, 5, 0);
+    append(s, 5, 0, 5, 3);
+    check_contents(s, 5, 0);
+  }
 }
 
 TEST_CASE("KvStore capacity error names the shortage and changes nothing", "[kv]") {
@@ -175,40 +191,43 @@ TEST_CASE("a node's KV-cache capacity must fit the memory the machine has availa
 }
 
 TEST_CASE("KvStore drop frees pages for reuse without fragmentation", "[kv]") {
-  fd::KvStore s(small_config(10));
-  for (uint64_t seq = 1; seq <= 5; ++seq) {
-    s.reserve(seq, 8);
-    append(s, seq, 0, 0, 8);
-    append(s, seq, 1, 0, 5);
-  }
-  CHECK(s.free_pages() == 0);
-  s.drop(2);
-  s.drop(4);
-  s.drop(42);  // unknown: no-op
-  CHECK(s.free_pages() == 4);
-  CHECK(s.sequences() == 3);
-  CHECK_FALSE(s.contains(2));
-  s.reserve(6, 16);  // takes the four scattered pages
-  CHECK(s.free_pages() == 0);
-  append(s, 6, 0, 0, 16);
-  append(s, 6, 1, 0, 16);
-  for (uint64_t seq : {1, 3, 5}) {
-    check_contents(s, seq, 0);
-    check_contents(s, seq, 1);
-  }
-  check_contents(s, 6, 0);
-  check_contents(s, 6, 1);
-  std::set<const uint16_t*> blocks;  // every block of every layer is distinct memory
-  for (uint64_t seq : {1, 3, 5, 6})
-    for (int layer = 0; layer < 2; ++layer) {
-      const auto kv = s.view(seq, layer);
-      for (int b = 0; b * 4 < kv.len; ++b) {
-        blocks.insert(kv.k[b]);
-        blocks.insert(kv.v[b]);
-      }
+  for (KvLayout layout : kLayouts) {
+    INFO(layout_name(layout));
+    fd::KvStore s(small_config(10, layout));
+    for (uint64_t seq = 1; seq <= 5; ++seq) {
+      s.reserve(seq, 8);
+      append(s, seq, 0, 0, 8);
+      append(s, seq, 1, 0, 5);
     }
-  CHECK(blocks.size() == (2 + 2 + 2 + 4) * 2 * 2);
-  CHECK(s.tokens() == 8 * 3 + 16);
+    CHECK(s.free_pages() == 0);
+    s.drop(2);
+    s.drop(4);
+    s.drop(42);  // unknown: no-op
+    CHECK(s.free_pages() == 4);
+    CHECK(s.sequences() == 3);
+    CHECK_FALSE(s.contains(2));
+    s.reserve(6, 16);  // takes the four scattered pages
+    CHECK(s.free_pages() == 0);
+    append(s, 6, 0, 0, 16);
+    append(s, 6, 1, 0, 16);
+    for (uint64_t seq : {1, 3, 5}) {
+      check_contents(s, seq, 0);
+      check_contents(s, seq, 1);
+    }
+    check_contents(s, 6, 0);
+    check_contents(s, 6, 1);
+    std::set<const uint16_t*> blocks;  // every block of every layer is distinct memory
+    for (uint64_t seq : {1, 3, 5, 6})
+      for (int layer = 0; layer < 2; ++layer) {
+        const auto kv = s.view(seq, layer);
+        for (int b = 0; b * 4 < kv.len; ++b) {
+          blocks.insert(kv.k[b]);
+          blocks.insert(kv.v[b]);
+        }
+      }
+    CHECK(blocks.size() == (2 + 2 + 2 + 4) * 2 * 2);
+    CHECK(s.tokens() == 8 * 3 + 16);
+  }
 }
 
 TEST_CASE("KvStore blocks keep their address while the sequence grows", "[kv]") {
@@ -245,6 +264,32 @@ TEST_CASE("KvStore lays a layer's consecutive pages out as one run of K and one 
   CHECK(s.view_blocks(1, 1).k[0] - s.view_blocks(1, 0).k[0] == ptrdiff_t(2 * 16 * part));
 }
 
+// Side by side, each kv head's V block follows its K block, and a layer's consecutive pages are one
+// run of both.
+TEST_CASE("KvStore side by side lays each kv head's K and V and a layer's consecutive pages out as one run",
+          "[kv]") {
+  fd::KvStore s(small_config(16, KvLayout::kSideBySide));
+  s.reserve(1, 5 * 4);
+  const size_t part = s.page_bytes() / 4, head = 4 * 8 * sizeof(uint16_t);  // a page's K of a layer; a head block
+  for (int l = 0; l < 2; ++l) {
+    const auto kv = s.view_blocks(1, l);
+    CHECK(kv.layout == KvLayout::kSideBySide);
+    for (size_t b = 0; b < 5; ++b) {
+      CHECK(kv.v[b] - kv.k[b] == ptrdiff_t(head));
+      if (b > 0) CHECK(kv.k[b] - kv.k[b - 1] == ptrdiff_t(2 * part));
+    }
+  }
+  CHECK(s.view_blocks(1, 1).k[0] - s.view_blocks(1, 0).k[0] == ptrdiff_t(2 * 16 * part));
+  // Each head's K then its V: kv head 1's key rows start two head blocks in.
+  const auto k = rows(s.config(), 1, 0, 0, 0, 1), v = rows(s.config(), 1, 0, 1, 0, 1);
+  s.append(1, 0, 0, k.data(), v.data(), 1);
+  const auto* page = reinterpret_cast<const uint16_t*>(s.view_blocks(1, 0).k[0]);
+  CHECK(page[0] == tag(1, 0, 0, 0, 0, 0));
+  CHECK(page[head / 2] == tag(1, 0, 1, 0, 0, 0));
+  CHECK(page[head] == tag(1, 0, 0, 0, 1, 0));
+  CHECK(page[3 * head / 2] == tag(1, 0, 1, 0, 1, 0));
+}
+
 // Decoding grows a batch of sequences a page each in turn; each must still grow into a run of its
 // own, and take what is left once the runs meet.
 TEST_CASE("KvStore sequences that grow in turn each keep their pages in one run", "[kv]") {
@@ -271,91 +316,98 @@ TEST_CASE("KvStore sequences that grow in turn each keep their pages in one run"
 }
 
 TEST_CASE("attention over a KvStore view matches attention over the same blocks", "[kv]") {
-  fd::KvStoreConfig c;
-  c.n_layers = 1;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
-  c.block_tokens = 16;
-  c.capacity_bytes = size_t(1) << 20;
-  fd::KvStore s(c);
-  const int len = 50;
-  s.reserve(3, len);
-  std::vector<uint16_t> k(size_t(len) * 2 * 64), v(k.size());
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = static_cast<uint16_t>(0x3000 + (i * 37) % 0x0800);  // values in [0.125, 0.5)
-    v[i] = static_cast<uint16_t>(0xB000 + (i * 53) % 0x0C00);
+  for (KvLayout layout : kLayouts) {
+    INFO(layout_name(layout));
+    fd::KvStoreConfig c;
+    c.layout = layout;
+    c.n_layers = 1;
+    c.n_kv_heads = 2;
+    c.head_dim = 64;
+    c.block_tokens = 16;
+    c.capacity_bytes = size_t(1) << 20;
+    fd::KvStore s(c);
+    const int len = 50;
+    s.reserve(3, len);
+    std::vector<uint16_t> k(size_t(len) * 2 * 64), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = static_cast<uint16_t>(0x3000 + (i * 37) % 0x0800);  // values in [0.125, 0.5)
+      v[i] = static_cast<uint16_t>(0xB000 + (i * 53) % 0x0C00);
+    }
+    s.append(3, 0, 0, k.data(), v.data(), 20);
+    s.append(3, 0, 20, k.data() + 20 * 128, v.data() + 20 * 128, len - 20);
+    // The same data laid out by hand (tests/f16_block_layout.h).
+    std::vector<std::vector<uint16_t>> kb(4, std::vector<uint16_t>(2 * 16 * 64)), vb = kb;
+    for (int t = 0; t < len; ++t)
+      for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 64; ++i) {
+          kb[t / 16][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), 64, 16, size_t(len))] =
+              k[(size_t(t) * 2 + h) * 64 + i];
+          vb[t / 16][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), 64, 16, size_t(len))] = v[(size_t(t) * 2 + h) * 64 + i];
+        }
+    std::vector<const uint16_t*> kp, vp;
+    for (int b = 0; b < 4; ++b) {
+      kp.push_back(kb[b].data());
+      vp.push_back(vb[b].data());
+    }
+    std::vector<float> q(8 * 64), a(q.size()), b(q.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = float(int(i % 13) - 6) * 0.25f;
+    const fd::kernels::AttnDims d{8, 2, 64};
+    fd::kernels::attention_f16(q.data(), 1, len - 1, s.view(3, 0), d, a.data());
+    fd::kernels::attention_f16(q.data(), 1, len - 1, {kp.data(), vp.data(), 16, len}, d, b.data());
+    CHECK(a == b);
   }
-  s.append(3, 0, 0, k.data(), v.data(), 20);
-  s.append(3, 0, 20, k.data() + 20 * 128, v.data() + 20 * 128, len - 20);
-  // The same data laid out by hand (tests/f16_block_layout.h).
-  std::vector<std::vector<uint16_t>> kb(4, std::vector<uint16_t>(2 * 16 * 64)), vb = kb;
-  for (int t = 0; t < len; ++t)
-    for (int h = 0; h < 2; ++h)
-      for (int i = 0; i < 64; ++i) {
-        kb[t / 16][f16_block_layout::key_index(size_t(t), size_t(h), size_t(i), 64, 16, size_t(len))] =
-            k[(size_t(t) * 2 + h) * 64 + i];
-        vb[t / 16][f16_block_layout::value_index(size_t(t), size_t(h), size_t(i), 64, 16, size_t(len))] = v[(size_t(t) * 2 + h) * 64 + i];
-      }
-  std::vector<const uint16_t*> kp, vp;
-  for (int b = 0; b < 4; ++b) {
-    kp.push_back(kb[b].data());
-    vp.push_back(vb[b].data());
-  }
-  std::vector<float> q(8 * 64), a(q.size()), b(q.size());
-  for (size_t i = 0; i < q.size(); ++i) q[i] = float(int(i % 13) - 6) * 0.25f;
-  const fd::kernels::AttnDims d{8, 2, 64};
-  fd::kernels::attention_f16(q.data(), 1, len - 1, s.view(3, 0), d, a.data());
-  fd::kernels::attention_f16(q.data(), 1, len - 1, {kp.data(), vp.data(), 16, len}, d, b.data());
-  CHECK(a == b);
 }
 
 TEST_CASE("KvStore with a quantized dtype encodes rows through its KvFormat", "[kv]") {
   using fd::kernels::KvDtype;
-  for (KvDtype dt : {KvDtype::q8, KvDtype::q4}) {
-    const auto& f = fd::kernels::kv_format(dt);
-    INFO(f.name());
-    fd::KvStoreConfig c;
-    c.n_layers = 2;
-    c.n_kv_heads = 2;
-    c.head_dim = 64;
-    c.block_tokens = 16;
-    c.dtype = dt;
-    c.capacity_bytes = size_t(1) << 20;
-    fd::KvStore s(c);
-    const size_t hb = f.head_block_bytes(16, 64);
-    CHECK(s.page_bytes() == (2 * 2 * 2 * hb + 63) / 64 * 64);
-    CHECK(s.page_bytes() < 2 * 2 * 2 * 16 * 64 * sizeof(uint16_t) / (dt == KvDtype::q8 ? 1.8 : 3.0));
-    s.reserve(4, 40);
-    const int n = 37;
-    std::vector<uint16_t> k(size_t(n) * 2 * 64), v(k.size());
-    for (size_t i = 0; i < k.size(); ++i) {
-      k[i] = static_cast<uint16_t>(0x3400 + (i * 7919) % 0x0400 + ((i & 1) << 15));  // +-[0.25, 0.5)
-      v[i] = static_cast<uint16_t>(0x2C00 + (i * 104729) % 0x0C00 + ((i & 2) << 14));
+  for (KvDtype dt : {KvDtype::q8, KvDtype::q4})
+    for (KvLayout layout : kLayouts) {
+      const auto& f = fd::kernels::kv_format(dt);
+      INFO(f.name() << " " << layout_name(layout));
+      fd::KvStoreConfig c;
+      c.layout = layout;
+      c.n_layers = 2;
+      c.n_kv_heads = 2;
+      c.head_dim = 64;
+      c.block_tokens = 16;
+      c.dtype = dt;
+      c.capacity_bytes = size_t(1) << 20;
+      fd::KvStore s(c);
+      CHECK(s.layout() == layout);
+      const size_t hb = f.head_block_bytes(16, 64), stride = fd::kernels::kv_head_stride(layout, hb);
+      CHECK(s.page_bytes() == (2 * 2 * 2 * hb + 63) / 64 * 64);
+      CHECK(s.page_bytes() < 2 * 2 * 2 * 16 * 64 * sizeof(uint16_t) / (dt == KvDtype::q8 ? 1.8 : 3.0));
+      s.reserve(4, 40);
+      const int n = 37;
+      std::vector<uint16_t> k(size_t(n) * 2 * 64), v(k.size());
+      for (size_t i = 0; i < k.size(); ++i) {
+        k[i] = static_cast<uint16_t>(0x3400 + (i * 7919) % 0x0400 + ((i & 1) << 15));  // +-[0.25, 0.5)
+        v[i] = static_cast<uint16_t>(0x2C00 + (i * 104729) % 0x0C00 + ((i & 2) << 14));
+      }
+      s.append(4, 1, 0, k.data(), v.data(), 10);
+      s.append(4, 1, 10, k.data() + 10 * 128, v.data() + 10 * 128, n - 10);
+      CHECK_THROWS_AS(s.view(4, 1), fd::Error);  // no fp16 view of quantized data
+      const auto kv = s.view_blocks(4, 1);
+      CHECK(kv.dtype == dt);
+      CHECK(kv.len == n);
+      size_t bad = 0;
+      std::vector<uint8_t> expect(hb), block(hb), scratch(hb);
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < 2; ++h)
+          for (int which = 0; which < 2; ++which) {
+            std::memcpy(block.data(), (which == 0 ? kv.k : kv.v)[t / 16] + size_t(h) * stride, hb);
+            const uint16_t* src = (which == 0 ? k : v).data() + (size_t(t) * 2 + h) * 64;
+            const auto part = which == 0 ? fd::kernels::KvPart::key : fd::kernels::KvPart::value;
+            // The store seals full blocks (q8 transposes their keys): rows are read unsealed.
+            if ((t / 16 + 1) * 16 <= n) f.unseal(part, block.data(), 64, 16, scratch.data());
+            f.encode_row(part, src, 64, 16, t % 16, expect.data());
+            std::vector<float> got(64), want(64);
+            f.decode_row(part, block.data(), 64, 16, t % 16, got.data());
+            f.decode_row(part, expect.data(), 64, 16, t % 16, want.data());
+            bad += got != want;
+          }
+      CHECK(bad == 0);
     }
-    s.append(4, 1, 0, k.data(), v.data(), 10);
-    s.append(4, 1, 10, k.data() + 10 * 128, v.data() + 10 * 128, n - 10);
-    CHECK_THROWS_AS(s.view(4, 1), fd::Error);  // no fp16 view of quantized data
-    const auto kv = s.view_blocks(4, 1);
-    CHECK(kv.dtype == dt);
-    CHECK(kv.len == n);
-    size_t bad = 0;
-    std::vector<uint8_t> expect(hb), block(hb), scratch(hb);
-    for (int t = 0; t < n; ++t)
-      for (int h = 0; h < 2; ++h)
-        for (int which = 0; which < 2; ++which) {
-          std::memcpy(block.data(), (which == 0 ? kv.k : kv.v)[t / 16] + size_t(h) * hb, hb);
-          const uint16_t* src = (which == 0 ? k : v).data() + (size_t(t) * 2 + h) * 64;
-          const auto part = which == 0 ? fd::kernels::KvPart::key : fd::kernels::KvPart::value;
-          // The store seals full blocks (q8 transposes their keys): rows are read unsealed.
-          if ((t / 16 + 1) * 16 <= n) f.unseal(part, block.data(), 64, 16, scratch.data());
-          f.encode_row(part, src, 64, 16, t % 16, expect.data());
-          std::vector<float> got(64), want(64);
-          f.decode_row(part, block.data(), 64, 16, t % 16, got.data());
-          f.decode_row(part, expect.data(), 64, 16, t % 16, want.data());
-          bad += got != want;
-        }
-    CHECK(bad == 0);
-  }
   fd::KvStoreConfig c;
   c.n_layers = 1;
   c.n_kv_heads = 1;
@@ -369,61 +421,66 @@ TEST_CASE("KvStore append_batch writes what append writes, over threads and with
           "[kv]") {
   using fd::kernels::KvDtype;
   for (KvDtype dt : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
-    for (int threads : {1, 2}) {
-      INFO(fd::kernels::kv_dtype_name(dt) << " threads " << threads);
-      fd::KvStoreConfig c = small_config(64);
-      c.head_dim = 32;
-      c.dtype = dt;
-      c.capacity_bytes = size_t(1) << 20;
-      fd::KvStore serial(c), batched(c);
-      fd::kernels::ThreadPool pool(threads);
-      // Prefill lengths that end inside, at and past block ends (blocks of 4 are sealed when full),
-      // then a decode step; sequence 5 comes twice in the second batch, so it runs in order.
-      const std::vector<int> prefill = {1, 3, 4, 5, 9, 17};
-      std::vector<std::vector<fd::KvAppend>> batches(2);
-      std::vector<std::vector<uint16_t>> data;
-      data.reserve(64);
-      for (int layer = 0; layer < 2; ++layer) {
-        for (auto& b : batches) b.clear();
-        for (uint64_t seq = 0; seq < prefill.size(); ++seq) {
-          const int n = prefill[seq];
-          for (auto* st : {&serial, &batched}) st->reserve(seq, n + 2);
-          const auto add = [&](size_t batch, int pos0, int rows_n) {
-            data.push_back(rows(c, seq, layer, 0, pos0, rows_n));
-            data.push_back(rows(c, seq, layer, 1, pos0, rows_n));
-            batches[batch].push_back({seq, pos0, rows_n, data[data.size() - 2].data(), data.back().data()});
-          };
-          add(0, 0, n);
-          add(1, n, 1);
-          if (seq == 5) add(1, n + 1, 1);
-        }
-        for (const auto& b : batches) {
-          for (const auto& a : b) serial.append(a.seq, layer, a.pos0, a.k, a.v, a.n);
-          batched.append_batch(layer, b.data(), b.size(), pool);
-        }
-        data.clear();
-      }
-      const size_t hb = fd::kernels::kv_format(dt).head_block_bytes(c.block_tokens, c.head_dim) * size_t(c.n_kv_heads);
-      size_t bad = 0;
-      for (uint64_t seq = 0; seq < prefill.size(); ++seq)
+    for (int threads : {1, 2})
+      for (KvLayout layout : kLayouts) {
+        INFO(fd::kernels::kv_dtype_name(dt) << " threads " << threads << " " << layout_name(layout));
+        fd::KvStoreConfig c = small_config(64, layout);
+        c.head_dim = 32;
+        c.dtype = dt;
+        c.capacity_bytes = size_t(1) << 20;
+        fd::KvStore serial(c), batched(c);
+        fd::kernels::ThreadPool pool(threads);
+        // Prefill lengths that end inside, at and past block ends (blocks of 4 are sealed when full),
+        // then a decode step; sequence 5 comes twice in the second batch, so it runs in order.
+        const std::vector<int> prefill = {1, 3, 4, 5, 9, 17};
+        std::vector<std::vector<fd::KvAppend>> batches(2);
+        std::vector<std::vector<uint16_t>> data;
+        data.reserve(64);
         for (int layer = 0; layer < 2; ++layer) {
-          const auto a = serial.view_blocks(seq, layer), b = batched.view_blocks(seq, layer);
-          REQUIRE(a.len == b.len);
-          CHECK(a.len == prefill[seq] + 1 + (seq == 5));
-          for (int blk = 0; blk * c.block_tokens < a.len; ++blk) {
-            bad += std::memcmp(a.k[blk], b.k[blk], hb) != 0;
-            bad += std::memcmp(a.v[blk], b.v[blk], hb) != 0;
+          for (auto& b : batches) b.clear();
+          for (uint64_t seq = 0; seq < prefill.size(); ++seq) {
+            const int n = prefill[seq];
+            for (auto* st : {&serial, &batched}) st->reserve(seq, n + 2);
+            const auto add = [&](size_t batch, int pos0, int rows_n) {
+              data.push_back(rows(c, seq, layer, 0, pos0, rows_n));
+              data.push_back(rows(c, seq, layer, 1, pos0, rows_n));
+              batches[batch].push_back({seq, pos0, rows_n, data[data.size() - 2].data(), data.back().data()});
+            };
+            add(0, 0, n);
+            add(1, n, 1);
+            if (seq == 5) add(1, n + 1, 1);
           }
+          for (const auto& b : batches) {
+            for (const auto& a : b) serial.append(a.seq, layer, a.pos0, a.k, a.v, a.n);
+            batched.append_batch(layer, b.data(), b.size(), pool);
+          }
+          data.clear();
         }
-      CHECK(bad == 0);
-      // An item past its reservation: the batch throws the store's error before it writes the
-      // valid item listed first, and an unknown sequence likewise.
-      const auto k = rows(c, 0, 0, 0, 0, 8), v = rows(c, 0, 0, 1, 0, 8);
-      const fd::KvAppend bad_items[] = {{1, 4, 1, k.data(), v.data()}, {0, 2, 8, k.data(), v.data()}};
-      CHECK_THROWS_WITH(batched.append_batch(0, bad_items, 2, pool), Catch::Contains("exceeds the"));
-      CHECK(batched.length(1, 0) == prefill[1] + 1);
-      const fd::KvAppend unknown[] = {{1, 4, 1, k.data(), v.data()}, {99, 0, 1, k.data(), v.data()}};
-      CHECK_THROWS_WITH(batched.append_batch(0, unknown, 2, pool), Catch::Contains("no sequence 99"));
-      CHECK(batched.length(1, 0) == prefill[1] + 1);
-    }
+        const size_t hb = fd::kernels::kv_format(dt).head_block_bytes(c.block_tokens, c.head_dim) * size_t(c.n_kv_heads);
+        size_t bad = 0;
+        for (uint64_t seq = 0; seq < prefill.size(); ++seq)
+          for (int layer = 0; layer < 2; ++layer) {
+            const auto a = serial.view_blocks(seq, layer), b = batched.view_blocks(seq, layer);
+            REQUIRE(a.len == b.len);
+            CHECK(a.len == prefill[seq] + 1 + (seq == 5));
+            for (int blk = 0; blk * c.block_tokens < a.len; ++blk) {
+              if (layout == KvLayout::kSideBySide) {  // one run: every head's K and V
+                bad += std::memcmp(a.k[blk], b.k[blk], 2 * hb) != 0;
+                continue;
+              }
+              bad += std::memcmp(a.k[blk], b.k[blk], hb) != 0;
+              bad += std::memcmp(a.v[blk], b.v[blk], hb) != 0;
+            }
+          }
+        CHECK(bad == 0);
+        // An item past its reservation: the batch throws the store's error before it writes the
+        // valid item listed first, and an unknown sequence likewise.
+        const auto k = rows(c, 0, 0, 0, 0, 8), v = rows(c, 0, 0, 1, 0, 8);
+        const fd::KvAppend bad_items[] = {{1, 4, 1, k.data(), v.data()}, {0, 2, 8, k.data(), v.data()}};
+        CHECK_THROWS_WITH(batched.append_batch(0, bad_items, 2, pool), Catch::Contains("exceeds the"));
+        CHECK(batched.length(1, 0) == prefill[1] + 1);
+        const fd::KvAppend unknown[] = {{1, 4, 1, k.data(), v.data()}, {99, 0, 1, k.data(), v.data()}};
+        CHECK_THROWS_WITH(batched.append_batch(0, unknown, 2, pool), Catch::Contains("no sequence 99"));
+        CHECK(batched.length(1, 0) == prefill[1] + 1);
+      }
 }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -48,6 +49,7 @@ struct BenchOptions {
   size_t stream_bytes = 0;
   size_t cold_bytes = 0;  // KV of all layers together at least this: a layer is read from memory
   std::string pages = "whole";  // or "grown": reserve the sequences' pages in turn, as decoding grows them
+  std::optional<kernels::KvLayout> layout;  // unset: each format's choice for this CPU
 };
 
 // Eight times the last-level cache (256 MiB when the machine does not say). Layers read in turn
@@ -82,6 +84,7 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
       ("pages", po::value<std::string>()->default_value("whole"),
        "whole: each sequence reserves its context at once (as a prompt does), so its pages follow "
        "each other; grown: the sequences reserve a page in turn, as decoding grows them together")
+      ("kv-layout", po::value<std::string>()->default_value("auto"), kKvLayoutHelp)
       ("cold-size", po::value<std::string>()->default_value("auto"),
        "layers are added until their KV reaches this and read in turn, so each is read from "
        "memory as in decoding (auto: 8 times the last-level cache; 0: one layer, hot in cache)");
@@ -118,6 +121,7 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
   o.stream_bytes = parse_size(pick("stream-size", "256MiB"));
   o.pages = vm["pages"].as<std::string>();
   if (o.pages != "whole" && o.pages != "grown") throw Error("--pages must be whole or grown, not '" + o.pages + "'.");
+  o.layout = parse_kv_layout_option(vm["kv-layout"].as<std::string>());
   const std::string cold = vm["cold-size"].as<std::string>();
   o.cold_bytes = cold == "auto" ? default_cold_bytes() : parse_size(cold);
   if (quick && vm["min-time"].defaulted()) o.min_time = 0.1;
@@ -176,7 +180,7 @@ struct CaseResult {
 
 // A store of `layers` layers of the options' shape, with room for `pages` pages.
 KvStoreConfig store_config(const BenchOptions& o, kernels::KvDtype dtype, int head_dim, int layers, size_t pages) {
-  return bench_store_config(dtype, layers, o.kv_heads, head_dim, o.block_tokens, pages);
+  return bench_store_config(dtype, layers, o.kv_heads, head_dim, o.block_tokens, pages, o.layout);
 }
 
 // Pages of a sequence of ctx tokens.
@@ -377,9 +381,11 @@ int bench_attention_main(int argc, char** argv) {
   kernels::ThreadPool pool(o.threads);
   StreamProbe probe(o.stream_bytes);
   if (!o.json) {
-    std::printf("threads %d, kv heads %d, block %d tokens, %s pages; layers read in turn up to %.0f MiB of "
-                "KV; stream read bandwidth %.1f GB/s (re-measured with each shape)\n",
-                o.threads, o.kv_heads, o.block_tokens, o.pages.c_str(),
+    const std::string layout = o.layout ? kernels::kv_layout_name(*o.layout)
+                                        : "auto (f16 " + std::string(kernels::kv_layout_name(kernels::f16_layout())) + ")";
+    std::printf("threads %d, kv heads %d, block %d tokens, %s pages, kv layout %s; layers read in turn up to "
+                "%.0f MiB of KV; stream read bandwidth %.1f GB/s (re-measured with each shape)\n",
+                o.threads, o.kv_heads, o.block_tokens, o.pages.c_str(), layout.c_str(),
                 double(o.cold_bytes) / (1 << 20), probe.gbps(pool, 7));
     std::printf("%-5s %4s %4s %6s %6s %9s %8s %7s %6s %12s %10s\n", "kv", "hd", "gqa", "ctx", "batch",
                 "KV MiB", "GB/s", "stream", "ratio", "tokens/s", "append us");
@@ -409,6 +415,7 @@ int bench_attention_main(int argc, char** argv) {
             const CaseResult r = cases[c]->result();
             const double gbps = r.kv_bytes / r.seconds / 1e9;
             const double tps = batch / r.seconds;
+            const char* layout = kernels::kv_layout_name(o.layout.value_or(kernels::kv_format(dtype).layout()));
             if (o.json) {
               JsonLine line;
               line.add("kv_dtype", std::string(kernels::kv_dtype_name(dtype)))
@@ -420,6 +427,7 @@ int bench_attention_main(int argc, char** argv) {
                   .add("kv_heads", int64_t{o.kv_heads})
                   .add("kv_mib", r.kv_bytes / (1 << 20))
                   .add("pages", o.pages)
+                  .add("kv_layout", std::string(layout))
                   .add("layers", int64_t{r.layers})
                   .add("gbps", gbps)
                   .add("stream_gbps", stream)

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@ struct PrefillOptions {
   int kv_heads = 8;
   int block_tokens = 64;
   double min_time = 0.2;  // seconds per case and thread count
+  std::optional<kernels::KvLayout> layout;  // unset: each format's choice for this CPU
 };
 
 // Returns false when --help was printed.
@@ -55,6 +57,7 @@ bool parse_options(int argc, char** argv, PrefillOptions& o) {
       ("threads", po::value<int>(&o.threads)->default_value(hw), "attention threads")
       ("kv-heads", po::value<int>(&o.kv_heads)->default_value(8), "kv heads per sequence")
       ("block-tokens", po::value<int>(&o.block_tokens)->default_value(64), "tokens per KV page")
+      ("kv-layout", po::value<std::string>()->default_value("auto"), kKvLayoutHelp)
       ("min-time", po::value<double>(&o.min_time)->default_value(0.2, "0.2"),
        "seconds measured per case and thread count");
   po::variables_map vm;
@@ -76,6 +79,7 @@ bool parse_options(int argc, char** argv, PrefillOptions& o) {
   o.head_dims = parse_int_list(vm["head-dim"].as<std::string>(), "head-dim");
   o.gqas = parse_int_list(vm["gqa"].as<std::string>(), "gqa");
   o.dtypes = parse_kv_dtype_list(vm["kv-dtype"].as<std::string>());
+  o.layout = parse_kv_layout_option(vm["kv-layout"].as<std::string>());
   check_count(o.ctx, "ctx", 1, 1 << 20);
   check_count(o.threads, "threads", 1, 4 * machine_cores());
   check_count(o.kv_heads, "kv-heads", 1, 1024);
@@ -92,7 +96,8 @@ class PrefillCase {
       : dims_{o.kv_heads * gqa, o.kv_heads, head_dim} {
     const auto pages = [&](int tokens) { return static_cast<size_t>((tokens + o.block_tokens - 1) / o.block_tokens); };
     store_ = std::make_unique<KvStore>(bench_store_config(dtype, 1, o.kv_heads, head_dim, o.block_tokens,
-                                                          pages(prompt) + static_cast<size_t>(decode) * pages(o.ctx)));
+                                                          pages(prompt) + static_cast<size_t>(decode) * pages(o.ctx),
+                                                          o.layout));
     std::mt19937 rng(static_cast<uint32_t>(prompt * 7 + head_dim));
     const size_t row = static_cast<size_t>(o.kv_heads) * head_dim;
     std::vector<uint16_t> k, v;
