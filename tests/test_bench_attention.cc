@@ -18,14 +18,22 @@ std::vector<std::string> run_bench(std::vector<std::string> args) {
 
 using fd::test::json_field;
 
+// A tiny grid (ctx 130, head_dim 64, 2 kv heads, one thread, KV hot in cache, no timed minimum)
+// with the given options added.
+std::vector<std::string> tiny_grid(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"--json",     "--ctx", "130",        "--head-dim", "64",          "--threads", "1",
+                                   "--kv-heads", "2",     "--min-time", "0",          "--cold-size", "0",
+                                   "--stream-size", "4MiB"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_bench(args);
+}
+
 }  // namespace
 
 TEST_CASE("bench attention prints every case with consistent figures and its page order", "[bench]") {
   for (const char* pages : {"whole", "grown"}) {
     INFO("--pages " << pages);
-    const auto lines = run_bench({"--json", "--ctx", "130", "--batch", "3", "--head-dim", "64", "--gqa", "1,4",
-                                  "--kv-dtype", "f16,q8,q4", "--threads", "1", "--kv-heads", "2", "--min-time", "0",
-                                  "--cold-size", "0", "--stream-size", "4MiB", "--pages", pages});
+    const auto lines = tiny_grid({"--batch", "3", "--gqa", "1,4", "--kv-dtype", "f16,q8,q4", "--pages", pages});
     REQUIRE(lines.size() == 6);
     for (const auto& line : lines) {
       INFO(line);
@@ -59,9 +67,7 @@ TEST_CASE("bench attention prints every case with consistent figures and its pag
 TEST_CASE("bench attention lays its stores out as --kv-layout says, and names a bad layout", "[bench]") {
   for (const char* layout : {"apart", "side"}) {
     INFO("--kv-layout " << layout);
-    const auto lines = run_bench({"--json", "--ctx", "130", "--batch", "2", "--head-dim", "64", "--gqa", "2",
-                                  "--kv-dtype", "f16,q8", "--threads", "1", "--kv-heads", "2", "--min-time", "0",
-                                  "--cold-size", "0", "--stream-size", "4MiB", "--kv-layout", layout});
+    const auto lines = tiny_grid({"--batch", "2", "--gqa", "2", "--kv-dtype", "f16,q8", "--kv-layout", layout});
     REQUIRE(lines.size() == 2);
     for (const auto& line : lines) {
       INFO(line);
@@ -70,9 +76,7 @@ TEST_CASE("bench attention lays its stores out as --kv-layout says, and names a 
     }
   }
   // auto: each dtype's own choice; the quantized kernels keep their heads apart on every CPU.
-  const auto lines = run_bench({"--json", "--ctx", "130", "--batch", "2", "--head-dim", "64", "--gqa", "1",
-                                "--kv-dtype", "q4", "--threads", "1", "--kv-heads", "2", "--min-time", "0",
-                                "--cold-size", "0", "--stream-size", "4MiB"});
+  const auto lines = tiny_grid({"--batch", "2", "--gqa", "1", "--kv-dtype", "q4"});
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].find("\"kv_layout\":\"apart\"") != std::string::npos);
   try {

@@ -17,15 +17,22 @@ using fd::kernels::KvLayout;
 constexpr KvLayout kLayouts[] = {KvLayout::kApart, KvLayout::kSideBySide};
 const char* layout_name(KvLayout l) { return l == KvLayout::kApart ? "apart" : "side by side"; }
 
-fd::KvStoreConfig small_config(size_t pages, KvLayout layout = KvLayout::kApart) {
+fd::KvStoreConfig config(int layers, int kv_heads, int head_dim, int block_tokens, size_t capacity, KvLayout layout,
+                         fd::kernels::KvDtype dtype = fd::kernels::KvDtype::f16) {
   fd::KvStoreConfig c;
+  c.n_layers = layers;
+  c.n_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.block_tokens = block_tokens;
+  c.capacity_bytes = capacity;
   c.layout = layout;
-  c.n_layers = 2;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.block_tokens = 4;
-  c.capacity_bytes = pages * 2 * 2 * 2 * 4 * 8 * sizeof(uint16_t);  // layers * K,V * heads * tokens * dim
+  c.dtype = dtype;
   return c;
+}
+
+fd::KvStoreConfig small_config(size_t pages, KvLayout layout = KvLayout::kApart) {
+  // layers * K,V * heads * tokens * dim
+  return config(2, 2, 8, 4, pages * 2 * 2 * 2 * 4 * 8 * sizeof(uint16_t), layout);
 }
 
 // Distinct value for every (seq, layer, K/V, token, head, dim) so misplaced data is caught.
@@ -318,14 +325,7 @@ TEST_CASE("KvStore sequences that grow in turn each keep their pages in one run"
 TEST_CASE("attention over a KvStore view matches attention over the same blocks", "[kv]") {
   for (KvLayout layout : kLayouts) {
     INFO(layout_name(layout));
-    fd::KvStoreConfig c;
-    c.layout = layout;
-    c.n_layers = 1;
-    c.n_kv_heads = 2;
-    c.head_dim = 64;
-    c.block_tokens = 16;
-    c.capacity_bytes = size_t(1) << 20;
-    fd::KvStore s(c);
+    fd::KvStore s(config(1, 2, 64, 16, size_t(1) << 20, layout));
     const int len = 50;
     s.reserve(3, len);
     std::vector<uint16_t> k(size_t(len) * 2 * 64), v(k.size());
@@ -364,15 +364,7 @@ TEST_CASE("KvStore with a quantized dtype encodes rows through its KvFormat", "[
     for (KvLayout layout : kLayouts) {
       const auto& f = fd::kernels::kv_format(dt);
       INFO(f.name() << " " << layout_name(layout));
-      fd::KvStoreConfig c;
-      c.layout = layout;
-      c.n_layers = 2;
-      c.n_kv_heads = 2;
-      c.head_dim = 64;
-      c.block_tokens = 16;
-      c.dtype = dt;
-      c.capacity_bytes = size_t(1) << 20;
-      fd::KvStore s(c);
+      fd::KvStore s(config(2, 2, 64, 16, size_t(1) << 20, layout, dt));
       CHECK(s.layout() == layout);
       const size_t hb = f.head_block_bytes(16, 64), stride = fd::kernels::kv_head_stride(layout, hb);
       CHECK(s.page_bytes() == (2 * 2 * 2 * hb + 63) / 64 * 64);
