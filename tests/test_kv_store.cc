@@ -19,15 +19,7 @@ const char* layout_name(KvLayout l) { return l == KvLayout::kApart ? "apart" : "
 
 fd::KvStoreConfig config(int layers, int kv_heads, int head_dim, int block_tokens, size_t capacity, KvLayout layout,
                          fd::kernels::KvDtype dtype = fd::kernels::KvDtype::f16) {
-  fd::KvStoreConfig c;
-  c.n_layers = layers;
-  c.n_kv_heads = kv_heads;
-  c.head_dim = head_dim;
-  c.block_tokens = block_tokens;
-  c.capacity_bytes = capacity;
-  c.layout = layout;
-  c.dtype = dtype;
-  return c;
+  return fd::KvStoreConfig{layers, kv_heads, head_dim, block_tokens, capacity, dtype, layout};
 }
 
 fd::KvStoreConfig small_config(size_t pages, KvLayout layout = KvLayout::kApart) {
