@@ -23,9 +23,9 @@ struct KvStoreConfig {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
-  // Tokens per page. Each layer's K (and V) of a page is one run of memory, and runs of 64 tokens
-  // or more let the hardware prefetcher help: int8/int4 attention read 9-16 % faster than with
-  // 16 (kernels see runs of 4.6-9 KiB there), fp16 the same.
+  // Tokens per page. Each kv head's K (and V) of a layer's page is one run of memory, and runs of
+  // 64 tokens or more let the hardware prefetcher help: int8/int4 attention read 9-16 % faster
+  // than with 16 (kernels see runs of 4.6-9 KiB there), fp16 the same.
   int block_tokens = 64;
   size_t capacity_bytes = size_t(1) << 30;
   kernels::KvDtype dtype = kernels::KvDtype::f16;  // q8/q4 quantize rows on append
