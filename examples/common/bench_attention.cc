@@ -258,6 +258,8 @@ class AttentionCase {
       }
   }
 
+  // Where the case's store put its kv heads (its own choice, or --kv-layout's).
+  kernels::KvLayout layout() const { return store_->layout(); }
   // One call per layer, untimed.
   void warm(kernels::ThreadPool& pool) {
     for (const auto& layer : items_) kernels::attention_batch(layer.data(), layer.size(), dims_, pool);
@@ -415,7 +417,6 @@ int bench_attention_main(int argc, char** argv) {
             const CaseResult r = cases[c]->result();
             const double gbps = r.kv_bytes / r.seconds / 1e9;
             const double tps = batch / r.seconds;
-            const char* layout = kernels::kv_layout_name(o.layout.value_or(kernels::kv_format(dtype).layout()));
             if (o.json) {
               JsonLine line;
               line.add("kv_dtype", std::string(kernels::kv_dtype_name(dtype)))
@@ -427,7 +428,7 @@ int bench_attention_main(int argc, char** argv) {
                   .add("kv_heads", int64_t{o.kv_heads})
                   .add("kv_mib", r.kv_bytes / (1 << 20))
                   .add("pages", o.pages)
-                  .add("kv_layout", std::string(layout))
+                  .add("kv_layout", std::string(kernels::kv_layout_name(cases[c]->layout())))
                   .add("layers", int64_t{r.layers})
                   .add("gbps", gbps)
                   .add("stream_gbps", stream)
