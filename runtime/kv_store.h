@@ -125,9 +125,9 @@ class KvStore {
   };
   // kApart: [n_layers][K, V][total_pages_][part_bytes_]; kSideBySide: [n_layers][total_pages_]
   // [2 * part_bytes_], each kv head's K block followed by its V block. Reserved as virtual memory
-  // (the OS commits a page on first write), so pages never move and block pointers stay valid. A
-  // sequence's consecutive pages are then one run of K and one of V per layer (kApart), or one run
-  // of both (kSideBySide). Layer-major: with pages of all
+  // (the OS commits a page, 2 MiB where it can, on first write), so pages never move and block
+  // pointers stay valid. A sequence's consecutive pages are then one run of K and one of V per
+  // layer (kApart), or one run of both (kSideBySide). Layer-major: with pages of all
   // layers side by side, attention jumped a page's other layers every 128 KiB (hd64, 8 kv heads)
   // and read slower from memory on one core: fp16 hd64 by 6-12 %, int8 by 4-34 % (AMD EPYC Zen 5).
   // K apart from V: AMD Zen 5's hardware prefetchers follow each load instruction's addresses, and

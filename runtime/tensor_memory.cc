@@ -30,4 +30,18 @@ void reserve_huge(std::vector<char>& b, size_t cap) {
   b.swap(fresh);
 }
 
+uint8_t* map_huge(size_t bytes) {
+  if (bytes > SIZE_MAX - kHugePage) return nullptr;
+  // kHugePage more than asked, then the parts before the first boundary and after the end
+  // unmapped: mmap aligns to 4 KiB only (Linux 6.1).
+  const size_t mapped = bytes + kHugePage;
+  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  const auto lo = reinterpret_cast<uintptr_t>(p), start = (lo + kHugePage - 1) & ~(kHugePage - 1);
+  if (start > lo) ::munmap(p, start - lo);
+  if (start + bytes < lo + mapped) ::munmap(reinterpret_cast<void*>(start + bytes), lo + mapped - start - bytes);
+  ::madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);  // a hint: EINVAL without THP
+  return reinterpret_cast<uint8_t*>(start);
+}
+
 }  // namespace fd

@@ -2,6 +2,7 @@
 // pages where the kernel has them.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace fd {
@@ -22,5 +23,13 @@ constexpr size_t kHugePage = size_t(2) << 20;
 // multi-MiB buffer otherwise takes a page fault per 4 KiB as it is filled, which was about a
 // quarter of the time of a 64 MiB payload through CAF.
 void reserve_huge(std::vector<char>& b, size_t cap);
+
+// `bytes` of anonymous memory, address space only until each page's first write (MAP_NORESERVE),
+// starting on a kHugePage boundary and with the huge-page hint, so that the kernel backs it with
+// 2 MiB pages wherever transparent huge pages are not "never". For data read in long runs from
+// memory: with 4 KiB pages every 4 KiB read takes its own TLB entry, and a read that misses the
+// TLB walks the page table first (the KV-cache, kv_store.cc; the bandwidth probe that measures
+// against it). nullptr when the address space is not there. Release with munmap(p, bytes).
+uint8_t* map_huge(size_t bytes);
 
 }  // namespace fd

@@ -1,14 +1,19 @@
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/thread_pool.h"
 #include "runtime/kv_store.h"
+#include "runtime/tensor_memory.h"
 #include "tests/f16_block_layout.h"
 
 namespace {
@@ -240,6 +245,52 @@ TEST_CASE("KvStore blocks keep their address while the sequence grows", "[kv]") 
   }
   CHECK(s.view(1, 0).k[0] == first);
   check_contents(s, 1, 0);
+}
+
+// The VmFlags of the mapping that holds p, from /proc/self/smaps ("" when none does).
+static std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') inside = lo <= at && at < hi;
+    else if (inside && line.rfind("VmFlags:", 0) == 0) return line.substr(8) + " ";
+  }
+  return "";
+}
+
+TEST_CASE("map_huge gives 2 MiB-aligned memory with the huge-page hint", "[kv]") {
+  const size_t bytes = 3 * fd::kHugePage + 4096;
+  uint8_t* p = fd::map_huge(bytes);
+  REQUIRE(p != nullptr);
+  CHECK(reinterpret_cast<uintptr_t>(p) % fd::kHugePage == 0);
+  p[0] = 1;
+  p[bytes - 1] = 2;  // all of it is writable
+  CHECK(p[0] + p[bytes - 1] == 3);
+  if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    CHECK(vm_flags_of(p).find(" hg ") != std::string::npos);
+    CHECK(vm_flags_of(p + bytes - 1).find(" hg ") != std::string::npos);
+  } else {
+    WARN("this kernel has no transparent huge pages: the hint is not checked");
+  }
+  munmap(p, bytes);
+}
+
+// The arena is read in long runs from memory; in 2 MiB pages it reads faster (kv_store.cc).
+TEST_CASE("KvStore's arena asks for huge pages", "[kv]") {
+  for (const KvLayout layout : kLayouts) {
+    INFO(layout_name(layout));
+    fd::KvStore s(config(2, 2, 8, 4, size_t(8) << 20, layout));
+    s.reserve(1, 4);
+    const auto kv = s.view_blocks(1, 1);
+    if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {
+      CHECK(vm_flags_of(kv.k[0]).find(" hg ") != std::string::npos);
+      CHECK(vm_flags_of(kv.v[0]).find(" hg ") != std::string::npos);
+    }
+  }
 }
 
 // Attention reads a layer's blocks in order, K and V with different instructions; pages reserved
