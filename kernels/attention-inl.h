@@ -23,6 +23,12 @@ namespace fd::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Whether this CPU is one where the kernels read KvLayout::kSideBySide faster than kApart, each
+// tile fetching its own visit's values while it scores its keys: AMD with AVX-512 (Zen 4, not
+// measured, and Zen 5). Measurements at F16LayoutImpl (kernels/attention.cc) and Q8LayoutImpl
+// (kernels/attention_quant.cc).
+HWY_INLINE bool SideBySideReadsFaster() { return __builtin_cpu_is("amd") && HWY_TARGET <= HWY_AVX3; }
+
 template <class P>
 HWY_INLINE const uint8_t* Bytes(const P* p) {
   return static_cast<const uint8_t*>(static_cast<const void*>(p));

@@ -154,22 +154,6 @@ constexpr FetchSplit kFetchSpread = {3, 2, 3, 2};
 // 0.98x against this); GQA 8 0.990x, so more queries keep kFetchSpread. With the KV in L2 1.007x.
 constexpr FetchSplit kFetchOwnValues = {0, 2, 10, 0, true};
 
-// Whether the fp16 kernel reads KvLayout::kSideBySide faster than kApart on this CPU (the store's
-// choice, KvFormat::layout): on AMD with AVX-512 (Zen 4, not measured, and Zen 5), where every tile
-// then fetches its own values while it scores its keys and the next visit's keys while it sums
-// (kFetchOwnValues), so that reads and fetches both walk one run of memory. AMD EPYC (Zen 5),
-// fastdecode-bench attention --threads 2 --ctx 512,4096 --batch 16,64 --kv-dtype f16, --kv-layout
-// apart and side alternating, 6 runs each, each run-cell by its stream's mode, medians per cell of
-// the fraction of the stream read: beside the slow stream (39-49 GB/s) 0.94-1.05 side by side
-// against 0.87-0.97 apart (50 of 50 run-cells at 0.90 or more, against 42 of 73), beside the fast
-// one (60-80 GB/s) 0.74-0.90 against 0.67-0.80. One thread, from memory (ctx 4096 batch 8, one
-// process switching layouts between passes, median of 10 pairs): hd64 GQA 1 1.12x as fast, GQA 4
-// 1.04x, hd128 GQA 1 1.09x. Prefill (fastdecode-bench prefill, hd64 and hd128, GQA 1 and 4, 2 runs
-// each) 1.00-1.04x. With the splits above (kFetchSpread) the same copies had read 0.81-0.90x as
-// fast at GQA 1 and 0.95-1.19x at GQA 4; off AMD, and for the quantized kernels (whose fetch is
-// tuned for kApart: q8 read 0.82-0.91x as fast side by side, q4 0.80-1.08x), the heads stay apart.
-HWY_INLINE bool SideBySideReadsFaster() { return __builtin_cpu_is("amd") && HWY_TARGET <= HWY_AVX3; }
-
 // The split of a tile of nq queries whose head blocks of head_bytes are fetched `to`, laid out as
 // `layout` says.
 HWY_INLINE FetchSplit FetchSplitFor(int nq, size_t head_bytes, FetchTo to, KvLayout layout) {
@@ -645,6 +629,20 @@ void SoftmaxExpOf(const float* x, float* y, size_t n) {
     hn::StoreU(ExpNonPositive<kCoarse>(d, hn::LoadU(d, x + i)), d, y + i);
   for (; i < n; ++i) hn::StoreU(ExpNonPositive<kCoarse>(d1, hn::LoadU(d1, x + i)), d1, y + i);
 }
+
+// The layout the fp16 kernel reads fastest on this CPU (the store's choice, KvFormat::layout):
+// KvLayout::kSideBySide on AMD with AVX-512 (SideBySideReadsFaster), where every tile
+// then fetches its own values while it scores its keys and the next visit's keys while it sums
+// (kFetchOwnValues), so that reads and fetches both walk one run of memory. AMD EPYC (Zen 5),
+// fastdecode-bench attention --threads 2 --ctx 512,4096 --batch 16,64 --kv-dtype f16, --kv-layout
+// apart and side alternating, 6 runs each, each run-cell by its stream's mode, medians per cell of
+// the fraction of the stream read: beside the slow stream (39-49 GB/s) 0.94-1.05 side by side
+// against 0.87-0.97 apart (50 of 50 run-cells at 0.90 or more, against 42 of 73), beside the fast
+// one (60-80 GB/s) 0.74-0.90 against 0.67-0.80. One thread, from memory (ctx 4096 batch 8, one
+// process switching layouts between passes, median of 10 pairs): hd64 GQA 1 1.12x as fast, GQA 4
+// 1.04x, hd128 GQA 1 1.09x. Prefill (fastdecode-bench prefill, hd64 and hd128, GQA 1 and 4, 2 runs
+// each) 1.00-1.04x. With the splits above (kFetchSpread) the same copies had read 0.81-0.90x as
+// fast at GQA 1 and 0.95-1.19x at GQA 4. Off AMD the heads stay apart.
 KvLayout F16LayoutImpl() { return SideBySideReadsFaster() ? KvLayout::kSideBySide : KvLayout::kApart; }
 
 void SoftmaxExpImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<false>(x, y, n); }

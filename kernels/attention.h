@@ -88,6 +88,8 @@ void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadP
 
 // The layout attention_f16 reads fastest on this CPU (the f16 KV store's, KvFormat::layout).
 KvLayout f16_layout();
+// The layout the q8 kernel reads fastest on this CPU for head blocks of head_bytes (the q8 store's).
+KvLayout q8_layout(size_t head_bytes);
 
 // y[i] = exp(x[i]) for x[i] <= 0, as the fp16 kernel's softmax computes its weights (exposed for
 // tests): within 2 ulp where exp(x) >= FLT_MIN, 0 for x < -87.7 and for -inf.

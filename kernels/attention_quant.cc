@@ -424,8 +424,13 @@ constexpr FetchTenths kFetchInAllPhases = {{5, 3}, {3, 3}};
 // 1.098x, ctx 512 batch 64 1.065x), q4 1.034x (batch 64 1.040x); q4 with the KV in cache 1.039x.
 // At hd128 it read 0.894x (q4) and 0.947x (q8), so larger heads keep the split above.
 constexpr FetchTenths kFetchOneSmallHead = {{4, 0}, {4, 0}};
+// Over KvLayout::kSideBySide, the tile's own values while it scores (see Q8LayoutImpl), and the next
+// visit's keys, 2 tenths while it rounds and the rest while it sums: its reads and its fetches
+// walk one run of memory, as fp16's do (kFetchOwnValues, kernels/attention.cc).
+constexpr FetchTenths kFetchOwnValues = {{0, 2}, {10, 0}};
 template <int NQ>
-HWY_INLINE FetchTenths SplitOfFetch(size_t hd) {
+HWY_INLINE FetchTenths SplitOfFetch(size_t hd, KvLayout layout) {
+  if (layout == KvLayout::kSideBySide) return kFetchOwnValues;
   if (NQ == 1 && hd <= 64) return kFetchOneSmallHead;
   FetchTenths t = kFetchInAllPhases;
   if (NQ == 1) {
@@ -436,8 +441,8 @@ HWY_INLINE FetchTenths SplitOfFetch(size_t hd) {
   return t;
 }
 
-// A tile's share of the next visit's rows (K bytes [begin, end) after kn, V the same after vn),
-// cut between the tile's phases: phase p (0 scoring, 1 rounding, 2 value sums) fetches K
+// A tile's share of the rows fetched (K bytes [begin, end) after kn, V the same after vn: the next
+// visit's, or with kFetchOwnValues this visit's V), cut between the tile's phases: phase p (0 scoring, 1 rounding, 2 value sums) fetches K
 // [k[p], k[p + 1]) and V [v[p], v[p + 1]).
 struct NextShare {
   NextShare(const uint8_t* k_next, const uint8_t* v_next, size_t begin, size_t end, const FetchTenths& tenths)
@@ -1116,7 +1121,8 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     const int t0 = static_cast<int>(b * bt + tb);
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
     const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
-    const NextShare next(kn, vn, pf_begin, pf_end, SplitOfFetch<NQ>(hd));
+    const bool own_values = kv.layout == KvLayout::kSideBySide;
+    const NextShare next(kn, own_values ? vb : vn, pf_begin, pf_end, SplitOfFetch<NQ>(hd, kv.layout));
     if (sealed) {
       if constexpr (!kQ4)
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const uint16_t*>(kb), tb,
@@ -1293,6 +1299,25 @@ void AttendQuantHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& k
                       });
 }
 
+// The layout the q8 kernel reads fastest on this CPU for head blocks of head_bytes (the store's
+// choice, KvFormat::layout): KvLayout::kSideBySide where SideBySideReadsFaster, for blocks of 8 KiB
+// or more (hd128 at 64-token pages), whose tiles then fetch their own values while they score
+// (kFetchOwnValues). AMD EPYC (Zen 5), KV in 2 MiB pages, from memory (4 layers), one process
+// switching between an apart store and a side-by-side one, 10-12 alternating pairs of passes,
+// median ratio of adjacent passes, side by side against apart:
+// - q8 hd128 (8.3 KiB): 2 threads beside the slow stream (42-44 GB/s) GQA 4 1.13x as fast (ctx
+//   4096 batch 16), 1.11x (ctx 512 batch 64), 1.12x (ctx 8192), GQA 2 1.06x, GQA 8 1.04x, GQA 1
+//   1.01-1.03x; beside the fast stream (66-73 GB/s) GQA 4 1.14x, GQA 1 1.06x; one thread GQA 4
+//   1.14x, GQA 2 1.11x, GQA 1 1.03-1.09x.
+// - Smaller blocks read faster so beside the slow stream only: q8 hd64 (4.2 KiB) 1.04-1.10x there,
+//   0.92-0.96x beside the fast one and on one thread; q4 hd128 (4.6 KiB) 1.04-1.17x and 0.93-0.96x.
+//   q4 hd64 (2.3 KiB) 0.69-0.79x everywhere: too little time to fetch a block while it is scored.
+//   So those, and q4, keep kApart.
+constexpr size_t kSideBySideMinHeadBytes = size_t(8) << 10;
+KvLayout Q8LayoutImpl(size_t head_bytes) {
+  return SideBySideReadsFaster() && head_bytes >= kSideBySideMinHeadBytes ? KvLayout::kSideBySide : KvLayout::kApart;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace fd::kernels
 HWY_AFTER_NAMESPACE();
@@ -1301,6 +1326,9 @@ HWY_AFTER_NAMESPACE();
 namespace fd::kernels {
 
 HWY_EXPORT(AttendQuantHeadsImpl);
+HWY_EXPORT(Q8LayoutImpl);
+
+KvLayout q8_layout(size_t head_bytes) { return HWY_DYNAMIC_DISPATCH(Q8LayoutImpl)(head_bytes); }
 
 namespace detail {
 void attend_quant_heads(const float* q, int n_q, int q_pos0, const KvBlocks& kv, size_t head_bytes,

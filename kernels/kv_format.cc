@@ -70,7 +70,7 @@ class F16Format final : public KvFormatBase {
   size_t head_block_bytes(int bt, int hd) const override {
     return size_t(bt) * size_t(hd) * sizeof(uint16_t);
   }
-  KvLayout layout() const override { return f16_layout(); }
+  KvLayout layout(int, int) const override { return f16_layout(); }
   void encode_row(KvPart, const uint16_t* src, int hd, int, int t, uint8_t* hb) const override {
     copy_streaming(hb + size_t(t) * hd * sizeof(uint16_t), src, size_t(hd) * sizeof(uint16_t));
   }
@@ -117,6 +117,7 @@ class Q8Format final : public QuantFormatBase {
   size_t head_block_bytes(int bt, int hd) const override {
     return round_up(detail::q8_data_offset(size_t(bt)) + round_up(size_t(bt), 4) * size_t(hd), 64);
   }
+  KvLayout layout(int bt, int hd) const override { return q8_layout(head_block_bytes(bt, hd)); }
   void encode_row(KvPart part, const uint16_t* src, int hd, int bt, int t, uint8_t* hb) const override {
     auto* data = reinterpret_cast<int8_t*>(hb + detail::q8_data_offset(size_t(bt)));
     uint16_t scale;

@@ -73,8 +73,11 @@ class KvFormat {
   // Bytes of one kv head's block (q8/q4 round up to 64 so every head starts a cache line).
   virtual size_t head_block_bytes(int block_tokens, int head_dim) const = 0;
   // Where the store places a block's kv heads: the layout this format's attention reads fastest
-  // on this CPU (the quantized kernels have been tuned for kApart only).
-  virtual KvLayout layout() const { return KvLayout::kApart; }
+  // on this CPU for blocks of block_tokens rows of head_dim (q4 has been tuned for kApart only).
+  virtual KvLayout layout(int block_tokens, int head_dim) const {
+    (void)block_tokens, (void)head_dim;
+    return KvLayout::kApart;
+  }
   // Encodes the fp16 row src [head_dim] as row t of a key or value head_block.
   virtual void encode_row(KvPart part, const uint16_t* src, int head_dim, int block_tokens, int t,
                           uint8_t* head_block) const = 0;

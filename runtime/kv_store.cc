@@ -55,7 +55,7 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
   if (!format_->supports(cfg.head_dim))
     throw Error(std::string("KV-cache format ") + format_->name() + " cannot hold head_dim " +
                 std::to_string(cfg.head_dim) + ".");
-  layout_ = cfg.layout.value_or(format_->layout());
+  layout_ = cfg.layout.value_or(format_->layout(cfg.block_tokens, cfg.head_dim));
   head_bytes_ = format_->head_block_bytes(cfg.block_tokens, cfg.head_dim);
   head_stride_ = kernels::kv_head_stride(layout_, head_bytes_);
   scratch_.assign(1, std::vector<uint8_t>(head_bytes_));

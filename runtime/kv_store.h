@@ -139,7 +139,8 @@ class KvStore {
   // int4 within noise. Intel Xeon (Emerald Rapids), batch 64: 16 threads, 2 runs, fp16 hd64 8-29 %
   // faster, the rest within the runs' spread; 8 threads, one run, -13 to +10 %. Side by side, the
   // fp16 kernel fetches each head's V while it scores its K, one run with it, and reads 1.0-1.2x as
-  // fast on AMD with AVX-512 (kernels/attention.cc, SideBySideReadsFaster), where f16 stores take it.
+  // fast on AMD with AVX-512 (kernels/attention.cc, SideBySideReadsFaster), where f16 stores take
+  // it, and q8 stores of head blocks of 8 KiB or more (kernels/attention_quant.cc, Q8LayoutImpl).
   std::unique_ptr<uint8_t, Unmap> arena_;
   std::vector<uint8_t> page_free_;  // [total_pages_] 1 where the page is free
   size_t free_count_ = 0;

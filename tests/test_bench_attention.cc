@@ -75,7 +75,7 @@ TEST_CASE("bench attention lays its stores out as --kv-layout says, and names a 
       CHECK(json_field(line, "gbps") > 0);
     }
   }
-  // auto: each dtype's own choice; the quantized kernels keep their heads apart on every CPU.
+  // auto: each dtype's own choice; q4 keeps its heads apart on every CPU.
   const auto lines = tiny_grid({"--batch", "2", "--gqa", "1", "--kv-dtype", "q4"});
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].find("\"kv_layout\":\"apart\"") != std::string::npos);

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -290,6 +291,30 @@ TEST_CASE("KvStore's arena asks for huge pages", "[kv]") {
       CHECK(vm_flags_of(kv.k[0]).find(" hg ") != std::string::npos);
       CHECK(vm_flags_of(kv.v[0]).find(" hg ") != std::string::npos);
     }
+  }
+}
+
+// Each format picks the layout its kernel reads fastest: f16 side by side where this CPU reads it
+// faster so, q8 too for head blocks of 8 KiB or more, q4 never (kernels/attention_quant.cc).
+TEST_CASE("KvStore takes each format's layout for its head blocks unless told otherwise", "[kv]") {
+  using fd::kernels::KvDtype;
+  const KvLayout f16 = fd::kernels::f16_layout();
+  const auto& q8 = fd::kernels::kv_format(KvDtype::q8);
+  CHECK(q8.head_block_bytes(64, 128) >= 8192);
+  CHECK(q8.layout(64, 128) == f16);
+  CHECK(q8.head_block_bytes(64, 64) < 8192);
+  CHECK(q8.layout(64, 64) == KvLayout::kApart);
+  CHECK(q8.layout(16, 128) == KvLayout::kApart);
+  CHECK(fd::kernels::kv_format(KvDtype::q4).layout(64, 128) == KvLayout::kApart);
+  CHECK(fd::kernels::kv_format(KvDtype::f16).layout(16, 64) == f16);
+  for (const auto& [dt, hd, want] : {std::tuple{KvDtype::f16, 64, f16}, std::tuple{KvDtype::q8, 128, f16},
+                                     std::tuple{KvDtype::q8, 64, KvLayout::kApart},
+                                     std::tuple{KvDtype::q4, 128, KvLayout::kApart}}) {
+    INFO(fd::kernels::kv_dtype_name(dt) << " hd" << hd);
+    fd::KvStoreConfig c{1, 2, hd, 64, size_t(4) << 20, dt};
+    CHECK(fd::KvStore(c).layout() == want);
+    c.layout = KvLayout::kSideBySide;
+    CHECK(fd::KvStore(c).layout() == KvLayout::kSideBySide);
   }
 }
 

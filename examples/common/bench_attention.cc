@@ -383,14 +383,13 @@ int bench_attention_main(int argc, char** argv) {
   kernels::ThreadPool pool(o.threads);
   StreamProbe probe(o.stream_bytes);
   if (!o.json) {
-    const std::string layout = o.layout ? kernels::kv_layout_name(*o.layout)
-                                        : "auto (f16 " + std::string(kernels::kv_layout_name(kernels::f16_layout())) + ")";
+    const std::string layout = o.layout ? kernels::kv_layout_name(*o.layout) : "auto (each format's; column layout)";
     std::printf("threads %d, kv heads %d, block %d tokens, %s pages, kv layout %s; layers read in turn up to "
                 "%.0f MiB of KV; stream read bandwidth %.1f GB/s (re-measured with each shape)\n",
                 o.threads, o.kv_heads, o.block_tokens, o.pages.c_str(), layout.c_str(),
                 double(o.cold_bytes) / (1 << 20), probe.gbps(pool, 7));
-    std::printf("%-5s %4s %4s %6s %6s %9s %8s %7s %6s %12s %10s\n", "kv", "hd", "gqa", "ctx", "batch",
-                "KV MiB", "GB/s", "stream", "ratio", "tokens/s", "append us");
+    std::printf("%-5s %4s %4s %6s %6s %6s %9s %8s %7s %6s %12s %10s\n", "kv", "hd", "gqa", "ctx", "batch",
+                "layout", "KV MiB", "GB/s", "stream", "ratio", "tokens/s", "append us");
   }
   int skipped = 0;
   for (int hd : o.head_dims) {
@@ -438,9 +437,10 @@ int bench_attention_main(int argc, char** argv) {
                   .add("append_us", append[which[c]]);
               std::cout << line.str() << std::endl;
             } else {
-              std::printf("%-5s %4d %4d %6d %6d %9.1f %8.2f %7.2f %6.3f %12.0f %10.2f\n",
-                          kernels::kv_dtype_name(dtype), hd, gqa, ctx, batch, r.kv_bytes / (1 << 20), gbps,
-                          stream, gbps / stream, tps, append[which[c]]);
+              std::printf("%-5s %4d %4d %6d %6d %6s %9.1f %8.2f %7.2f %6.3f %12.0f %10.2f\n",
+                          kernels::kv_dtype_name(dtype), hd, gqa, ctx, batch,
+                          kernels::kv_layout_name(cases[c]->layout()), r.kv_bytes / (1 << 20), gbps, stream,
+                          gbps / stream, tps, append[which[c]]);
               std::fflush(stdout);
             }
           }
