@@ -631,8 +631,8 @@ void SoftmaxExpOf(const float* x, float* y, size_t n) {
 }
 
 // The layout the fp16 kernel reads fastest on this CPU (the store's choice, KvFormat::layout):
-// KvLayout::kSideBySide on AMD with AVX-512 (SideBySideReadsFaster), where every tile
-// then fetches its own values while it scores its keys and the next visit's keys while it sums
+// KvLayout::kSideBySide on AMD with AVX-512 (SideBySideReadsFaster), where every tile then fetches
+// its own values while it scores its keys and the next visit's keys while it sums
 // (kFetchOwnValues), so that reads and fetches both walk one run of memory. AMD EPYC (Zen 5),
 // fastdecode-bench attention --threads 2 --ctx 512,4096 --batch 16,64 --kv-dtype f16, --kv-layout
 // apart and side alternating, 6 runs each, each run-cell by its stream's mode, medians per cell of

@@ -442,8 +442,8 @@ HWY_INLINE FetchTenths SplitOfFetch(size_t hd, KvLayout layout) {
 }
 
 // A tile's share of the rows fetched (K bytes [begin, end) after kn, V the same after vn: the next
-// visit's, or with kFetchOwnValues this visit's V), cut between the tile's phases: phase p (0 scoring, 1 rounding, 2 value sums) fetches K
-// [k[p], k[p + 1]) and V [v[p], v[p + 1]).
+// visit's, or with kFetchOwnValues this visit's V), cut between the tile's phases: phase p (0
+// scoring, 1 rounding, 2 value sums) fetches K [k[p], k[p + 1]) and V [v[p], v[p + 1]).
 struct NextShare {
   NextShare(const uint8_t* k_next, const uint8_t* v_next, size_t begin, size_t end, const FetchTenths& tenths)
       : kn(k_next), vn(v_next) {
