@@ -34,6 +34,7 @@ T* as(bytes& b) { return reinterpret_cast<T*>(b.data()); }
 using drop_atom = caf::atom_constant<caf::atom("drop")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
+using admitted_atom = caf::atom_constant<caf::atom("admitted")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
 using rows_atom = caf::atom_constant<caf::atom("rows")>;

@@ -551,6 +551,7 @@ scheduler_actor::behavior_type sched_behavior(self_ptr self, SchedulerConfig cfg
         if (mini < 0 || static_cast<size_t>(mini) >= st.minis.size()) return;
         ++st.mini_step[mini];
         if (st.cfg.scheduled) admit_queued(self, mini);
+        self->send(st.minis[mini], admitted_atom::value);  // after the admissions' add_atom
       },
       [self](trace_packed& p) {
         auto& st = self->state;

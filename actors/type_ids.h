@@ -124,6 +124,7 @@ using mini_batch_actor = caf::typed_actor<
     caf::reacts_to<lost_atom, int32_t>,           // a shard is gone: retry a step waiting on it
     caf::reacts_to<subscribe_atom, bool>,         // emit trace events (to the scheduler) or not
     caf::reacts_to<tick_atom>,                    // send the trace spans gathered so far
+    caf::reacts_to<admitted_atom>,                // the scheduler admitted on a step's report
     caf::reacts_to<step_atom>>;                   // run the next step if idle
 
 // Scheduler: admits requests, places sequences on shards, feeds micro-batches.
