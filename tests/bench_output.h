@@ -38,4 +38,13 @@ inline double json_field(const std::string& line, const std::string& key) {
   return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
 }
 
+// The string after "key": in a flat JSON line (no escapes); "" when the key or its string is missing.
+inline std::string json_string(const std::string& line, const std::string& key) {
+  const std::string head = "\"" + key + "\":\"";
+  const auto at = line.find(head);
+  if (at == std::string::npos) return "";
+  const auto begin = at + head.size(), end = line.find('"', begin);
+  return end == std::string::npos ? "" : line.substr(begin, end - begin);
+}
+
 }  // namespace fd::test

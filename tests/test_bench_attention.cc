@@ -17,6 +17,7 @@ std::vector<std::string> run_bench(std::vector<std::string> args) {
 }
 
 using fd::test::json_field;
+using fd::test::json_string;
 
 // A tiny grid (ctx 130, head_dim 64, 2 kv heads, one thread, KV hot in cache, no timed minimum)
 // with the given options added.
@@ -37,8 +38,8 @@ TEST_CASE("bench attention prints every case with consistent figures and its pag
     REQUIRE(lines.size() == 6);
     for (const auto& line : lines) {
       INFO(line);
-      CHECK(line.find(std::string("\"pages\":\"") + pages + "\"") != std::string::npos);
-      CHECK(line.find("\"kv_dtype\":\"") != std::string::npos);
+      CHECK(json_string(line, "pages") == pages);
+      CHECK(!json_string(line, "kv_dtype").empty());
       CHECK(json_field(line, "head_dim") == 64);
       CHECK(json_field(line, "ctx") == 130);
       CHECK(json_field(line, "batch") == 3);
@@ -55,9 +56,9 @@ TEST_CASE("bench attention prints every case with consistent figures and its pag
     for (size_t i = 0; i < lines.size(); i += 3) {
       INFO(lines[i]);
       CHECK(json_field(lines[i], "gqa") == json_field(lines[i + 2], "gqa"));
-      CHECK(lines[i].find("\"kv_dtype\":\"f16\"") != std::string::npos);
-      CHECK(lines[i + 1].find("\"kv_dtype\":\"q8\"") != std::string::npos);
-      CHECK(lines[i + 2].find("\"kv_dtype\":\"q4\"") != std::string::npos);
+      CHECK(json_string(lines[i], "kv_dtype") == "f16");
+      CHECK(json_string(lines[i + 1], "kv_dtype") == "q8");
+      CHECK(json_string(lines[i + 2], "kv_dtype") == "q4");
       CHECK(json_field(lines[i], "stream_gbps") == json_field(lines[i + 1], "stream_gbps"));
       CHECK(json_field(lines[i], "stream_gbps") == json_field(lines[i + 2], "stream_gbps"));
     }
@@ -71,14 +72,14 @@ TEST_CASE("bench attention lays its stores out as --kv-layout says, and names a 
     REQUIRE(lines.size() == 2);
     for (const auto& line : lines) {
       INFO(line);
-      CHECK(line.find(std::string("\"kv_layout\":\"") + layout + "\"") != std::string::npos);
+      CHECK(json_string(line, "kv_layout") == layout);
       CHECK(json_field(line, "gbps") > 0);
     }
   }
   // auto: each dtype's own choice; q4 keeps its heads apart on every CPU.
   const auto lines = tiny_grid({"--batch", "2", "--gqa", "1", "--kv-dtype", "q4"});
   REQUIRE(lines.size() == 1);
-  CHECK(lines[0].find("\"kv_layout\":\"apart\"") != std::string::npos);
+  CHECK(json_string(lines[0], "kv_layout") == "apart");
   try {
     run_bench({"--json", "--kv-layout", "diagonal"});
     FAIL("no error");
