@@ -11,7 +11,8 @@
 //        one run of memory (f16_sealed_key_index, f16_sealed_value_index).
 //   q8 : [block_tokens] fp16 scales, then keys [block_tokens][head_dim] int8, sealed (head_dim
 //        even) in groups of kQ8KeyGroup keys, each [head_dim/2][32][2] (pairs of elements, for
-//        int16 pair products; the last group as wide as the keys left), values in chunks of
+//        int16 pair products, or two pair rows interleaved for VNNI's four-byte products; the
+//        last group as wide as the keys left), values in chunks of
 //        kQ8ValueChunk elements, each [ceil(block_tokens/4)][32][4] int8 (row t, element i of a
 //        chunk at (t/4, i, t%4); the last chunk as wide as the elements left), so that a scoring
 //        pass over a group, and a value pass over a chunk, reads one run of memory
@@ -26,11 +27,11 @@
 //        consecutive keys and scores need no horizontal sums (q4_key_index); values:
 //        [ceil(block_tokens/4)][head_dim/32][16][4] (byte j of group g of row t at
 //        (t/4, g, j, t%4)).
-// Attention quantizes the scaled query once per call (q8: int16, q4: int8, one scale per query
-// vector) and scores keys with exact integer dot products. For the values it rounds, per query,
-// per tile of kWeightTileKeys keys of a block (tiles start at multiples of it) and per scale group
-// (q8: the row, q4: 32 elements), the weights w = probability * scale to integers in [0, W]
-// with one fp32 factor f = (largest probability) * (largest scale) / W of the tile, and
+// Attention quantizes the scaled query once per call (to int8, one scale per query vector) and
+// scores keys with exact integer dot products. For the values it rounds, per query, per tile of
+// kWeightTileKeys keys of a block (tiles start at multiples of it) and per scale group (q8: the
+// row, q4: 32 elements), the weights w = probability * scale to integers in [0, W] with one fp32
+// factor f = (largest probability) * (largest scale) / W of the tile, and
 // accumulates integer dot products with the stored integers; f then scales each tile's sums.
 // W = 127 for q8 (then pmaddubsw's pair sums of two int8 values fit int16) and 255 for q4.
 #pragma once

@@ -319,7 +319,7 @@ double half_step(fd::kernels::KvDtype dt, double amax) {
 }
 
 // The query transform of the quantized formats (kernels/kv_format.h), written out here: in fp32
-// x = q * fl(1/sqrt(hd)), scale = max|x| / levels (q8: 32767, q4: 127), x -> round(x / scale) * scale.
+// x = q * fl(1/sqrt(hd)), scale = max|x| / 127, x -> round(x / scale) * scale.
 // Returns the transformed queries in double; f16 keeps q / sqrt(hd) unrounded.
 std::vector<double> transformed_q(const std::vector<float>& q, int hd, fd::kernels::KvDtype dt) {
   std::vector<double> out(q.size());
@@ -331,7 +331,7 @@ std::vector<double> transformed_q(const std::vector<float>& q, int hd, fd::kerne
       for (int c = 0; c < hd; ++c) o[c] = qr[c] / std::sqrt(double(hd));
       continue;
     }
-    const float levels = dt == fd::kernels::KvDtype::q8 ? 32767.0f : 127.0f;
+    const float levels = 127.0f;
     float amax = 0.0f;
     for (int c = 0; c < hd; ++c) amax = std::max(amax, std::fabs(qr[c] * scale));
     const float s = amax / levels, inv = s > 0.0f ? 1.0f / s : 0.0f;
@@ -343,12 +343,12 @@ std::vector<double> transformed_q(const std::vector<float>& q, int hd, fd::kerne
   return out;
 }
 
-// The largest query scale max|q / sqrt(hd)| / levels over the rows of q (0 for f16).
+// The largest query scale max|q / sqrt(hd)| / 127 over the rows of q (0 for f16).
 double max_query_scale(const std::vector<float>& q, int hd, fd::kernels::KvDtype dt) {
   if (dt == fd::kernels::KvDtype::f16) return 0.0;
   double amax = 0;
   for (float x : q) amax = std::max(amax, std::fabs(double(x)));
-  return amax / std::sqrt(double(hd)) / (dt == fd::kernels::KvDtype::q8 ? 32767.0 : 127.0);
+  return amax / std::sqrt(double(hd)) / 127.0;
 }
 
 // Standard deviation, per output element, of the error that rounding the value weights adds
