@@ -366,15 +366,20 @@ template <bool kQ4>
 void QuantizeQuery(const float* q, size_t hd, QuantQuery<kQ4>& qq) {
   int32_t qi[kMaxHeadDim];
   qq.qscale = QuantizeQueryIntsVec(hn::CappedTag<float, 16>(), q, hd, kQ4 ? kQ4Levels : kQ8Levels, qi);
+  // The integers are within int8 (levels 127), so DemoteTo keeps them.
+  const hn::CappedTag<int32_t, 16> d32;
+  const hn::Rebind<int8_t, decltype(d32)> d8;
+  const size_t L = hn::Lanes(d32);
   if constexpr (kQ4) {
     for (size_t g = 0; g < hd / 32; ++g) {
-      int32_t sum = 0;
-      for (size_t j = 0; j < 16; ++j) {
-        qq.lo[g * 16 + j] = static_cast<int8_t>(qi[g * 32 + j]);
-        qq.hi[g * 16 + j] = static_cast<int8_t>(qi[g * 32 + 16 + j]);
-        sum += qi[g * 32 + j] + qi[g * 32 + 16 + j];
+      auto sum = hn::Zero(d32);
+      for (size_t j = 0; j < 16; j += L) {
+        const auto lo = hn::LoadU(d32, qi + g * 32 + j), hi = hn::LoadU(d32, qi + g * 32 + 16 + j);
+        hn::StoreU(hn::DemoteTo(d8, lo), d8, qq.lo + g * 16 + j);
+        hn::StoreU(hn::DemoteTo(d8, hi), d8, qq.hi + g * 16 + j);
+        sum = hn::Add(sum, hn::Add(lo, hi));
       }
-      qq.group_init[g] = -8 * sum;
+      qq.group_init[g] = -8 * hn::GetLane(hn::SumOfLanes(d32, sum));
     }
 #if FD_Q4_INT16_SUMS
     for (size_t step = 0; step < hd / 8; ++step)
@@ -384,13 +389,22 @@ void QuantizeQuery(const float* q, size_t hd, QuantQuery<kQ4>& qq) {
       }
 #endif
   } else {
-    int32_t sum = 0;
-    for (size_t c = 0; c < hd; ++c) {
+    const hn::Rebind<int16_t, decltype(d32)> d16;
+    auto sum = hn::Zero(d32);
+    size_t c = 0;
+    for (; c + L <= hd; c += L) {
+      const auto v = hn::LoadU(d32, qi + c);
+      hn::StoreU(hn::DemoteTo(d16, v), d16, qq.q16 + c);
+      hn::StoreU(hn::DemoteTo(d8, v), d8, qq.q8 + c);
+      sum = hn::Add(sum, v);
+    }
+    int32_t total = hn::GetLane(hn::SumOfLanes(d32, sum));
+    for (; c < hd; ++c) {
       qq.q16[c] = static_cast<int16_t>(qi[c]);
       qq.q8[c] = static_cast<int8_t>(qi[c]);
-      sum += qi[c];
+      total += qi[c];
     }
-    qq.bias = -128 * sum;
+    qq.bias = -128 * total;
   }
 }
 
