@@ -758,7 +758,8 @@ HWY_INLINE void ScoreSealedPassQ8(DK dk, const int8_t* kt, size_t stride, const 
 #pragma GCC unroll 8
       for (int w = 0; w < W; ++w) {
         const int8_t* row = kt + (e * stride + static_cast<size_t>(w) * TV) * 2;
-        k[w] = hn::Xor(QuadsOfPairRows(du8, hn::LoadU(d8, row), hn::LoadU(d8, row + stride * 2)), unsign);
+        const auto pairs_e = hn::LoadU(d8, row), pairs_next = hn::LoadU(d8, row + stride * 2);
+        k[w] = hn::Xor(QuadsOfPairRows(du8, pairs_e, pairs_next), unsign);
       }
 #pragma GCC unroll 4
       for (int j = 0; j < NP; ++j) {
