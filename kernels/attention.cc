@@ -463,8 +463,19 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
   // 1.044-1.058x, and 0.85x in L2; hd64 with 2 instead of 4, 1.005-1.020x. (Over row-major
   // values, before sealed values were stored in chunks, passes in column halves had read 15-20 %
   // slower.)
+  // With AVX-512's 32 registers, 3-4 queries take 4 vectors a pass and 5-8 take 2 (16
+  // accumulators), where 2 and 1 had left each weight broadcast feeding fewer multiply-adds. AMD
+  // EPYC (Zen 5), one build switching between the two, alternating runs, median GB/s ratios: KV
+  // in cache (1 thread, ctx 512, batch 2) GQA 3 1.02x (hd64) and 1.06x (hd128) as fast, GQA 4
+  // 1.03x and 1.05x, GQA 8 1.11x and 1.12x; 2 threads from memory (ctx 512/4096, batch 16/64)
+  // beside the fast stream (69-73 GB/s) GQA 4 1.03-1.06x, GQA 3 1.03-1.06x, GQA 8 1.07-1.15x,
+  // beside the slow stream (44-46) GQA 4 1.01-1.02x; prefill of 2048 tokens (--decode 0)
+  // 1.10-1.36x.
   constexpr int kFourChunks = static_cast<int>(4 * kF16ValueChunk / hn::MaxLanes(D()));  // vectors
-  constexpr int CB = NQ <= 2 ? std::min(8, kFourChunks) : NQ <= 4 ? 2 : 1;
+  constexpr bool kWide = HWY_TARGET <= HWY_AVX3;
+  constexpr int CB = NQ <= 2   ? std::min(8, kFourChunks)
+                     : NQ <= 4 ? (kWide ? std::min(4, kFourChunks) : 2)
+                               : (kWide ? 2 : 1);
 
   const size_t row_bytes = (head_bytes + bt - 1) / bt;
   const auto* kt = reinterpret_cast<const uint16_t*>(Bytes(kv.k[b]) + st.head_off);
