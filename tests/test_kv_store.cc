@@ -263,6 +263,13 @@ static std::string vm_flags_of(const void* p) {
   return "";
 }
 
+// Whether this kernel has transparent huge pages, whose hint the checks below look for.
+static bool kernel_has_thp() {
+  if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) return true;
+  WARN("this kernel has no transparent huge pages: the hint is not checked");
+  return false;
+}
+
 TEST_CASE("map_huge gives 2 MiB-aligned memory with the huge-page hint", "[kv]") {
   const size_t bytes = 3 * fd::kHugePage + 4096;
   uint8_t* p = fd::map_huge(bytes);
@@ -271,11 +278,9 @@ TEST_CASE("map_huge gives 2 MiB-aligned memory with the huge-page hint", "[kv]")
   p[0] = 1;
   p[bytes - 1] = 2;  // all of it is writable
   CHECK(p[0] + p[bytes - 1] == 3);
-  if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {
+  if (kernel_has_thp()) {
     CHECK(vm_flags_of(p).find(" hg ") != std::string::npos);
     CHECK(vm_flags_of(p + bytes - 1).find(" hg ") != std::string::npos);
-  } else {
-    WARN("this kernel has no transparent huge pages: the hint is not checked");
   }
   munmap(p, bytes);
 }
@@ -287,7 +292,7 @@ TEST_CASE("KvStore's arena asks for huge pages", "[kv]") {
     fd::KvStore s(config(2, 2, 8, 4, size_t(8) << 20, layout));
     s.reserve(1, 4);
     const auto kv = s.view_blocks(1, 1);
-    if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    if (kernel_has_thp()) {
       CHECK(vm_flags_of(kv.k[0]).find(" hg ") != std::string::npos);
       CHECK(vm_flags_of(kv.v[0]).find(" hg ") != std::string::npos);
     }
