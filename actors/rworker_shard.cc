@@ -136,6 +136,13 @@ shard_actor spawn_shard(caf::actor_system& sys, const ShardConfig& cfg) {
   } catch (const std::system_error& e) {
     throw Error(cfg.name + ": cannot start " + std::to_string(cfg.threads) + " attention threads: " + e.what());
   }
+  if (cfg.commit_kv) {
+    try {
+      store->commit(*pool);
+    } catch (const Error& e) {
+      throw Error(cfg.name + ": " + e.what());
+    }
+  }
   return sys.spawn<caf::detached>(shard_behavior, cfg, std::move(store), std::move(pool));
 }
 

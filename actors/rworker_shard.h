@@ -15,6 +15,7 @@ struct ShardConfig {
   kernels::AttnDims dims;
   int threads = 1;   // attention threads of this shard (a node's shards share its cores)
   caf::actor report_to;  // gets the shard's last shard_stats when an exit message stops it (may be unset)
+  bool commit_kv = false;  // back the whole KV capacity with memory before the shard starts (KvStore::commit)
 };
 
 // Spawned detached: attention is long-running work that must not block CAF's scheduler threads.

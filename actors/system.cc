@@ -37,12 +37,13 @@ int threads_per_shard(int node_threads, int n) {
 
 std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
                                      const KvStoreConfig& kv, const kernels::AttnDims& dims,
-                                     int32_t group, int threads_per_shard, caf::actor report_to) {
+                                     int32_t group, int threads_per_shard, caf::actor report_to,
+                                     bool commit_kv) {
   std::vector<shard_info> out;
   caf::scoped_actor self{sys};
   try {
     for (int i = 0; i < n; ++i) {
-      ShardConfig sc{prefix + std::to_string(i), kv, dims, threads_per_shard, report_to};
+      ShardConfig sc{prefix + std::to_string(i), kv, dims, threads_per_shard, report_to, commit_kv};
       shard_info info;
       info.hdl = spawn_shard(sys, sc);
       info.name = sc.name;
@@ -180,7 +181,8 @@ void start_local_shards(caf::actor_system& sys, int hd, const LocalOptions& opt,
                                 kernels::AttnDims{rg.heads, rg.kv_heads, hd},
                                 static_cast<int32_t>(g),
                                 threads_per_shard(opt.attn_threads,
-                                                  opt.shards * static_cast<int>(node.gpu.groups.size())))) {
+                                                  opt.shards * static_cast<int>(node.gpu.groups.size())),
+                                {}, opt.kv_commit)) {
       node.shards.push_back(s.hdl);
       reg.shards.push_back(std::move(s));
     }

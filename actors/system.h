@@ -37,6 +37,7 @@ struct LocalOptions {
   std::string backend = "cpu";  // cpu, cuda, auto (CUDA when usable) or sim
   std::string sim_profile;      // --backend sim: T(B) table, see runtime/sim_backend.h
   kernels::KvDtype kv_dtype = kernels::KvDtype::f16;  // f16, or quantized int8/int4
+  bool kv_commit = true;        // back each shard's kv_memory with memory at start (--kv-lazy: no)
   int attn_threads = 0;         // a node's attention threads, shared by its shards; 0: cores
   bool scheduled = false;       // false: continuous batching; true: `schedule` per mini-batch
   ScheduleConfig schedule;
@@ -89,11 +90,12 @@ void stop_local_node(LocalNode& node);
 int threads_per_shard(int node_threads, int n);
 
 // Spawns n shards for R-group `group` and describes them for registration. Each shard sends its
-// last shard_stats to `report_to` (when set) as an exit message stops it.
+// last shard_stats to `report_to` (when set) as an exit message stops it. commit_kv: each shard's
+// KV capacity is backed with memory before this returns (ShardConfig::commit_kv).
 std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& prefix, int n,
                                      const KvStoreConfig& kv, const kernels::AttnDims& dims,
                                      int32_t group = 0, int threads_per_shard = 1,
-                                     caf::actor report_to = {});
+                                     caf::actor report_to = {}, bool commit_kv = false);
 
 // Sends every request at once and waits for all answers; a failed or timed-out request gets its
 // error in gen_result::error, the others are unaffected.

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -79,10 +81,35 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
   // 0.98-1.10x, the probe 1.01-1.10x. The price is the first write of each 2 MiB: 0.09-0.14 ms
   // where the kernel has a free huge page, against 0.69 ms for 512 pages of 4 KiB, but 4.6 ms
   // where it compacts memory first (THP defrag "madvise", Debian's default); once per 2 MiB of the
-  // arena, as the store first fills.
+  // arena, as the store first fills, or all at once where the shard commits it (commit()). A
+  // store's sequences start in the middle of its longest free run (next_page), so a store a third
+  // full had touched every 2 MiB of its arena.
   arena_ = std::unique_ptr<uint8_t, Unmap>(p, Unmap{bytes});
   page_free_.assign(total_pages_, 1);
   free_count_ = total_pages_;
+}
+
+size_t KvStore::commit(kernels::ThreadPool& pool) {
+  if (used_pages() != 0) throw Error("KV-cache can commit its memory only while it holds nothing.");
+  const size_t bytes = arena_.get_deleter().bytes;
+  constexpr size_t kChunk = 16 * kHugePage;  // one task; the arena starts on a kHugePage boundary
+  std::atomic<int> failed{0};
+  pool.run((bytes + kChunk - 1) / kChunk, [&](size_t c) {
+    uint8_t* p = arena_.get() + c * kChunk;
+    const size_t n = std::min(kChunk, bytes - c * kChunk);
+    // The kernel faults the range in (2 MiB pages where map_huge got them) without writing it.
+    if (::madvise(p, n, MADV_POPULATE_WRITE) == 0) return;
+    if (errno != EINVAL) {
+      failed = errno;
+      return;
+    }
+    // Linux before 5.14: write the zeros an empty store holds anyway, one byte per 4 KiB page.
+    for (size_t o = 0; o < n; o += 4096) p[o] = 0;
+  });
+  if (const int e = failed.load())
+    throw Error("KV-cache could not commit its " + format_bytes(bytes) + ": " + std::strerror(e) +
+                "; give each shard less (--kv-memory) or free memory on this machine.");
+  return bytes;
 }
 
 void KvStore::reserve(uint64_t seq, int new_len) {

@@ -75,6 +75,11 @@ class KvStore {
   kernels::KvBlocks view_blocks(uint64_t seq, int layer) const;  // any dtype
   // Both views stay valid until the next reserve() or drop() of seq.
   void drop(uint64_t seq);  // frees every page of seq; unknown seq is a no-op
+  // Backs the whole capacity with memory now, over the pool's threads, instead of page by page as
+  // rows are first written; only while the store is empty. The capacity is then the process's own:
+  // memory taken by others later cannot stop a write mid-run (with the OOM killer), and the first
+  // steps pay no page faults. Throws fd::Error when the memory is not there. Returns the bytes.
+  size_t commit(kernels::ThreadPool& pool);
 
   size_t page_bytes() const { return page_bytes_; }
   kernels::KvLayout layout() const { return layout_; }

@@ -248,8 +248,9 @@ TEST_CASE("KvStore blocks keep their address while the sequence grows", "[kv]") 
   check_contents(s, 1, 0);
 }
 
-// The VmFlags of the mapping that holds p, from /proc/self/smaps ("" when none does).
-static std::string vm_flags_of(const void* p) {
+// What follows `field` (e.g. "VmFlags:", "Rss:") in /proc/self/smaps for the mapping that holds
+// p ("" when none does).
+static std::string smaps_field(const void* p, const std::string& field) {
   std::ifstream smaps("/proc/self/smaps");
   const auto at = reinterpret_cast<uintptr_t>(p);
   bool inside = false;
@@ -258,9 +259,18 @@ static std::string vm_flags_of(const void* p) {
     char dash = 0;
     std::istringstream head(line);
     if (head >> std::hex >> lo >> dash >> hi && dash == '-') inside = lo <= at && at < hi;
-    else if (inside && line.rfind("VmFlags:", 0) == 0) return line.substr(8) + " ";
+    else if (inside && line.rfind(field, 0) == 0) return line.substr(field.size());
   }
   return "";
+}
+
+static std::string vm_flags_of(const void* p) { return smaps_field(p, "VmFlags:") + " "; }
+
+// Bytes of the mapping that holds p that are in memory.
+static size_t resident_bytes(const void* p) {
+  const std::string rss = smaps_field(p, "Rss:");  // "   1234 kB"
+  REQUIRE(!rss.empty());
+  return size_t(std::stoull(rss)) * 1024;
 }
 
 // Whether this kernel has transparent huge pages, whose hint the checks below look for.
@@ -301,6 +311,39 @@ TEST_CASE("KvStore's arena asks for huge pages", "[kv]") {
 
 // Each format picks the layout its kernel reads fastest: f16 side by side where this CPU reads it
 // faster so, q8 too for head blocks of 8 KiB or more, q4 never (kernels/attention_quant.cc).
+// A committed store's whole capacity is in memory before anything is written; a lazy one's only
+// where rows were written. One store at a time: two arenas side by side may share one mapping.
+TEST_CASE("KvStore commit backs the whole capacity with memory, only while the store is empty", "[kv]") {
+  const size_t capacity = size_t(64) << 20;
+  fd::kernels::ThreadPool pool(2);
+  for (const bool commit : {false, true}) {
+    INFO((commit ? "committed" : "lazy"));
+    fd::KvStore s(config(2, 2, 64, 64, capacity, KvLayout::kApart));
+    const size_t bytes = s.total_pages() * s.page_bytes();
+    REQUIRE(bytes > capacity / 2);
+    if (commit) CHECK(s.commit(pool) == bytes);
+    s.reserve(1, 64);
+    append(s, 1, 0, 0, 64);
+    append(s, 1, 1, 0, 64);
+    const size_t resident = resident_bytes(s.view(1, 0).k[0]);
+    if (commit) {
+      CHECK(resident >= bytes);
+    } else {
+      // Four 2 MiB pages at most (K and V of two layers) of the 64 MiB.
+      CHECK(resident <= 4 * fd::kHugePage);
+    }
+    check_contents(s, 1, 0);
+    check_contents(s, 1, 1);
+    try {
+      s.commit(pool);
+      FAIL("commit of a store that holds a sequence did not throw");
+    } catch (const fd::Error& e) {
+      CHECK(std::string(e.what()) == "KV-cache can commit its memory only while it holds nothing.");
+    }
+    check_contents(s, 1, 0);
+  }
+}
+
 TEST_CASE("KvStore takes each format's layout for its head blocks unless told otherwise", "[kv]") {
   using fd::kernels::KvDtype;
   const KvLayout f16 = fd::kernels::f16_layout();

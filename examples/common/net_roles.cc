@@ -1,5 +1,6 @@
 #include "examples/common/net_roles.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include "examples/common/run_prompts.h"
 #include "examples/common/stop_signals.h"
 #include "kernels/ops.h"
+#include "runtime/host_memory.h"
 #include "runtime/kv_store.h"
 
 namespace fd {
@@ -208,12 +210,19 @@ int run_cpu_role(const NodeArgs& args) {
   add_shards reg;
   reg.token = args.token;
   reg.run_id = shape.run_id;
+  const auto spawned = std::chrono::steady_clock::now();
   reg.shards = spawn_shards(
       sys, name + "/shard-", args.local.shards,
       KvStoreConfig{shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_tokens,
                     args.local.kv_memory, args.local.kv_dtype},
       kernels::AttnDims{shape.n_heads, shape.n_kv_heads, shape.head_dim}, shape.group,
-      threads_per_shard(args.local.attn_threads, args.local.shards), caf::actor_cast<caf::actor>(self));
+      threads_per_shard(args.local.attn_threads, args.local.shards), caf::actor_cast<caf::actor>(self),
+      args.local.kv_commit);
+  if (args.local.kv_commit)
+    std::cerr << "cpu node " << name << ": KV-cache of " << args.local.shards << " x "
+              << format_bytes(args.local.kv_memory) << " in memory after "
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - spawned).count()
+              << " s\n";
   std::vector<shard_actor> shards;
   for (auto& s : reg.shards) {
     s.node = name;

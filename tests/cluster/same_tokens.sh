@@ -1,4 +1,5 @@
-# One gpu node and two cpu nodes (1 and 2 shards) generate the same greedy tokens as --role all,
+# One gpu node and two cpu nodes (1 and 2 shards; the first takes its KV-cache memory as it writes,
+# the second all at start) generate the same greedy tokens as --role all,
 # on the shared stories260K model and on a random model from fastdecode-mkmodel; and with the gpu
 # node's page size set to 16 tokens, which the cpu nodes take when they join (the softmax tiles
 # are 16 keys either way, so the arithmetic is the same as the reference's 64-token pages).
@@ -25,8 +26,8 @@ check_model() {
   local port
   port=$(free_port)
   gpu_node "gpu-$tag" "$port" "$model" "$prompts" "$n" --min-shards 3 "$@"
-  cpu_node "cpu-$tag-a" "$port" --shards 1
-  cpu_node "cpu-$tag-b" "$port" --shards 2
+  cpu_node "cpu-$tag-a" "$port" --shards 1 --kv-lazy
+  cpu_node "cpu-$tag-b" "$port" --shards 2 --kv-memory 256MiB
   finish "gpu-$tag" 60
   [[ $RC -eq 0 ]] || fail "gpu node on $tag exited with $RC"
   expect_log "gpu-$tag" "shard cpu-$tag-a/shard-0 joined"
@@ -36,6 +37,8 @@ check_model() {
   finish "cpu-$tag-a" 15
   finish "cpu-$tag-b" 15
   expect_log "cpu-$tag-a" "lost the gpu node"
+  expect_log "cpu-$tag-b" "KV-cache of 2 x 256 MiB in memory after"
+  ! grep -q "in memory after" "$WORK/cpu-$tag-a.err" || fail "cpu-$tag-a took its KV-cache memory at start"
 }
 
 check_model "$SHARED/models/stories260K.gguf" "$WORK/stories.txt" 96 stories
