@@ -6,6 +6,8 @@
 #include "runtime/kv_store.h"
 #include "runtime/parallel.h"
 #include "runtime/sim_backend.h"
+#include <exception>
+#include <future>
 #include <thread>
 
 #include "caf/all.hpp"
@@ -39,21 +41,38 @@ std::vector<shard_info> spawn_shards(caf::actor_system& sys, const std::string& 
                                      const KvStoreConfig& kv, const kernels::AttnDims& dims,
                                      int32_t group, int threads_per_shard, caf::actor report_to,
                                      bool commit_kv) {
-  std::vector<shard_info> out;
-  caf::scoped_actor self{sys};
+  // Spawned at once: each commits its KV memory (commit_kv) over its own threads, so that the
+  // node's threads fault it in together.
+  std::vector<std::future<shard_actor>> spawning;
+  std::exception_ptr failed;
   try {
     for (int i = 0; i < n; ++i) {
       ShardConfig sc{prefix + std::to_string(i), kv, dims, threads_per_shard, report_to, commit_kv};
+      spawning.push_back(std::async(std::launch::async, [&sys, sc] { return spawn_shard(sys, sc); }));
+    }
+  } catch (...) {  // no thread for the next shard: those spawned are stopped below
+    failed = std::current_exception();
+  }
+  std::vector<shard_info> out;
+  for (size_t i = 0; i < spawning.size(); ++i) {
+    try {
       shard_info info;
-      info.hdl = spawn_shard(sys, sc);
-      info.name = sc.name;
+      info.hdl = spawning[i].get();
+      info.name = prefix + std::to_string(i);
       info.page_tokens = kv.block_tokens;
       info.group = group;
       out.push_back(info);
-      self->request(info.hdl, std::chrono::seconds(30), stats_atom::value)
-          .receive([&](shard_stats& s) { out.back().pages = s.free_pages + s.used_pages; },
-                   [&](caf::error& e) { throw Error("shard " + sc.name + ": " + sys.render(e)); });
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
     }
+  }
+  caf::scoped_actor self{sys};
+  try {
+    if (failed) std::rethrow_exception(failed);
+    for (auto& info : out)
+      self->request(info.hdl, std::chrono::seconds(30), stats_atom::value)
+          .receive([&](shard_stats& s) { info.pages = s.free_pages + s.used_pages; },
+                   [&](caf::error& e) { throw Error("shard " + info.name + ": " + sys.render(e)); });
   } catch (...) {
     for (auto& s : out) caf::anon_send_exit(s.hdl, caf::exit_reason::user_shutdown);
     throw;
