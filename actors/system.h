@@ -37,7 +37,7 @@ struct LocalOptions {
   std::string backend = "cpu";  // cpu, cuda, auto (CUDA when usable) or sim
   std::string sim_profile;      // --backend sim: T(B) table, see runtime/sim_backend.h
   kernels::KvDtype kv_dtype = kernels::KvDtype::f16;  // f16, or quantized int8/int4
-  bool kv_commit = true;        // back each shard's kv_memory with memory at start (--kv-lazy: no)
+  bool kv_commit = false;       // back each shard's kv_memory with memory at start (--kv-commit)
   int attn_threads = 0;         // a node's attention threads, shared by its shards; 0: cores
   bool scheduled = false;       // false: continuous batching; true: `schedule` per mini-batch
   ScheduleConfig schedule;

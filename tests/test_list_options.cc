@@ -23,14 +23,15 @@ TEST_CASE("comma-separated integer options", "[options]") {
   CHECK(fd::split_list("f16,q8", "kv-dtype") == std::vector<std::string>{"f16", "q8"});
 }
 
+static fd::NodeArgs parse(const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"fastdecode-node"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  fd::NodeArgs out;
+  fd::parse_node_args(static_cast<int>(argv.size()), argv.data(), out);
+  return out;
+}
+
 TEST_CASE("fastdecode-node refuses thread and shard counts that would only exhaust the machine", "[options]") {
-  const auto parse = [](std::vector<std::string> args) {
-    std::vector<const char*> argv{"fastdecode-node"};
-    for (const auto& a : args) argv.push_back(a.c_str());
-    fd::NodeArgs out;
-    fd::parse_node_args(static_cast<int>(argv.size()), argv.data(), out);
-    return out;
-  };
   const int cores = fd::machine_cores();
   CHECK(parse({"--threads", std::to_string(cores)}).local.attn_threads == cores);
   CHECK(parse({"--threads", "0"}).local.attn_threads == 0);
@@ -39,4 +40,12 @@ TEST_CASE("fastdecode-node refuses thread and shard counts that would only exhau
   CHECK(parse({"--shards", "256"}).local.shards == 256);
   CHECK_THROWS_WITH(parse({"--shards", "100000"}), Catch::Contains("--shards must be 1 to 256, not 100000"));
   CHECK_THROWS_WITH(parse({"--caf-threads", "100000"}), Catch::Contains("--caf-threads must be 1 to 64"));
+}
+
+TEST_CASE("cpu nodes take their KV memory at start, --role all as rows are written, unless told", "[options]") {
+  CHECK_FALSE(parse({}).local.kv_commit);
+  CHECK(parse({"--kv-commit", "start"}).local.kv_commit);
+  CHECK(parse({"--role", "cpu", "--join", "127.0.0.1:4242"}).local.kv_commit);
+  CHECK_FALSE(parse({"--role", "cpu", "--join", "127.0.0.1:4242", "--kv-commit", "lazy"}).local.kv_commit);
+  CHECK_THROWS_WITH(parse({"--kv-commit", "now"}), "--kv-commit must be start or lazy, not 'now'");
 }

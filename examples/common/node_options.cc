@@ -65,7 +65,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   std::vector<std::string> prompts;
   std::string prompts_file, kv_memory = "1GiB";
   double timeout_s = 60, shard_wait_s = 30, admission_window_ms = 5;
-  bool kv_lazy = false;
+  std::string kv_commit;
   std::string schedule = "continuous", kv_dtype = "f16";
   po::options_description desc("fastdecode-node options");
   desc.add_options()
@@ -81,8 +81,9 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("seed", po::value(&a.sampling.seed)->default_value(42), "sampling seed")
       ("shards", po::value(&a.local.shards)->default_value(2), "R-worker shards")
       ("kv-memory", po::value(&kv_memory)->default_value("1GiB"), "KV-cache capacity per shard")
-      ("kv-lazy", po::bool_switch(&kv_lazy),
-       "take KV-cache memory page by page as it is first written, instead of all of it at start")
+      ("kv-commit", po::value(&kv_commit),
+       "start: take each shard's --kv-memory from the OS when it starts (the default of cpu nodes); "
+       "lazy: page by page as rows are first written (the default of --role all)")
       ("max-batch", po::value(&a.local.max_batch)->default_value(256), "sequences per step")
       ("backend", po::value(&a.local.backend)->default_value("auto"),
        "S-part backend: auto (CUDA when a GPU is usable, else CPU), cpu, cuda, sim")
@@ -186,7 +187,9 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (!(timeout_s > 0)) throw Error("--timeout must be positive");
   validate(a.sampling);
   a.local.kv_memory = parse_size(kv_memory);
-  a.local.kv_commit = !kv_lazy;
+  if (!kv_commit.empty() && kv_commit != "start" && kv_commit != "lazy")
+    throw Error("--kv-commit must be start or lazy, not '" + kv_commit + "'");
+  a.local.kv_commit = kv_commit.empty() ? a.role == "cpu" : kv_commit == "start";
   a.local.timeout = caf::timespan{std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(timeout_s))};
   if (!(admission_window_ms >= 0 && admission_window_ms <= 60000))

@@ -26,7 +26,7 @@ check_model() {
   local port
   port=$(free_port)
   gpu_node "gpu-$tag" "$port" "$model" "$prompts" "$n" --min-shards 3 "$@"
-  cpu_node "cpu-$tag-a" "$port" --shards 1 --kv-lazy
+  cpu_node "cpu-$tag-a" "$port" --shards 1 --kv-commit lazy
   cpu_node "cpu-$tag-b" "$port" --shards 2 --kv-memory 256MiB
   finish "gpu-$tag" 60
   [[ $RC -eq 0 ]] || fail "gpu node on $tag exited with $RC"
