@@ -158,9 +158,13 @@ gpu_node() {
     --prompts "$prompts" -n "$n" --temperature 0 --json "$@"
 }
 
-# cpu_node NAME PORT [EXTRA...]
+# cpu_node NAME PORT [EXTRA...]: 128 MiB of KV-cache per shard unless EXTRA sets --kv-memory. A cpu
+# node takes it from the OS before it joins, and the default 1 GiB took up to 2 s on a 2-vCPU VM,
+# longer than join_midrun leaves a late node to join.
 cpu_node() {
   local name=$1 port=$2
   shift 2
-  start "$name" "$NODE" --role cpu --join "127.0.0.1:$port" --name "$name" "$@"
+  local memory=(--kv-memory 128MiB)
+  [[ " $* " == *" --kv-memory "* ]] && memory=()
+  start "$name" "$NODE" --role cpu --join "127.0.0.1:$port" --name "$name" "${memory[@]}" "$@"
 }
