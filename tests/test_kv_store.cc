@@ -309,8 +309,6 @@ TEST_CASE("KvStore's arena asks for huge pages", "[kv]") {
   }
 }
 
-// Each format picks the layout its kernel reads fastest: f16 side by side where this CPU reads it
-// faster so, q8 too for head blocks of 8 KiB or more, q4 never (kernels/attention_quant.cc).
 // A committed store's whole capacity is in memory before anything is written; a lazy one's only
 // where rows were written. One store at a time: two arenas side by side may share one mapping.
 TEST_CASE("KvStore commit backs the whole capacity with memory, only while the store is empty", "[kv]") {
@@ -344,6 +342,8 @@ TEST_CASE("KvStore commit backs the whole capacity with memory, only while the s
   }
 }
 
+// Each format picks the layout its kernel reads fastest: f16 side by side where this CPU reads it
+// faster so, q8 too for head blocks of 8 KiB or more, q4 never (kernels/attention_quant.cc).
 TEST_CASE("KvStore takes each format's layout for its head blocks unless told otherwise", "[kv]") {
   using fd::kernels::KvDtype;
   const KvLayout f16 = fd::kernels::f16_layout();

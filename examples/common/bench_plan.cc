@@ -196,11 +196,10 @@ RunCosts calibrate_run(const PlanRunConfig& config) {
   c.r_hop_seconds = sh.hop;
   c.r_fixed_seconds = sh.fixed;
   c.r_seconds = measure_shard_r(sys, cfg, sh.fixed);
-  // A store as large as each shard of the run maps: fresh memory behaves as the run's does. A
-  // store committed at start (LocalOptions::kv_commit) takes no page fault while it runs.
+  // A store as large as each shard of the run maps: fresh memory behaves as the run's does.
   const LocalOptions node = schedule_node_options(cfg.shape, "sim", cfg.sim_profile, cfg.shards,
                                                   cfg.pipeline, resolve_schedule(cfg.schedule));
-  c.page_touch_seconds = node.kv_commit ? 0.0 : measure_page_first_touch(cfg.shape, node.kv_memory);
+  c.page_touch_seconds = measure_page_first_touch(cfg.shape, node.kv_memory);
   // A step boundary: logits to each micro-batch and its answer, then its rows request and
   // answer: two round trips.
   c.step_seconds = 2 * sh.empty;
