@@ -304,12 +304,26 @@ HWY_INLINE __m512 ScaleByPow2(__m512 p, __m512 t) { return _mm512_scalef_ps(p, t
 HWY_INLINE __m256 ScaleByPow2(__m256 p, __m256 t) { return _mm256_scalef_ps(p, t); }
 HWY_INLINE __m128 ScaleByPow2(__m128 p, __m128 t) { return _mm_scalef_ps(p, t); }
 
-template <class D>
+// kDegree 6 (ExpWeights): 2^f by a degree-6 polynomial (interpolating 2^f at the 7 Chebyshev
+// nodes of [0, 1]; 6.0e-9 relative error with these fp32 coefficients) in 9 instructions. Its
+// error then comes from rounding t: within 1.8 ulp on [-1, 0] and 8.9e-8 (1 + |x|) relative
+// everywhere (every fp32 x in [-87.3, 0] against exp in double).
+template <int kDegree = 3, class D>
 HWY_INLINE hn::Vec<D> ExpNonPositiveScalef(D d, hn::Vec<D> x) {
+  static_assert(kDegree == 3 || kDegree == 6, "a cubic or a degree-6 polynomial");
   const auto t = hn::Mul(x, hn::Set(d, 1.442695040888963407359924681f));
   const hn::Vec<D> f{ReduceFloor(t.raw)};  // t - floor(t), in [0, 1]
-  auto p = hn::MulAdd(hn::Set(d, 0.07706703990697861f), f, hn::Set(d, 0.22764499485492706f));
-  p = hn::MulAdd(p, f, hn::Set(d, 0.6951167583465576f));
+  hn::Vec<D> p;
+  if constexpr (kDegree == 3) {
+    p = hn::MulAdd(hn::Set(d, 0.07706703990697861f), f, hn::Set(d, 0.22764499485492706f));
+    p = hn::MulAdd(p, f, hn::Set(d, 0.6951167583465576f));
+  } else {
+    p = hn::MulAdd(hn::Set(d, 0.00021865784947294742f), f, hn::Set(d, 0.0012391331838443875f));
+    p = hn::MulAdd(p, f, hn::Set(d, 0.009684186428785324f));
+    p = hn::MulAdd(p, f, hn::Set(d, 0.055480629205703735f));
+    p = hn::MulAdd(p, f, hn::Set(d, 0.24023045599460602f));
+    p = hn::MulAdd(p, f, hn::Set(d, 0.6931469440460205f));
+  }
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
   return hn::Vec<D>{ScaleByPow2(p.raw, t.raw)};
 }
@@ -365,6 +379,29 @@ HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
   return hn::MulAdd(em1, scale, scale);
 }
 
+// exp(x) for x <= 0 as the fp16 kernel computes its softmax weights: ExpNonPositiveScalef<6> on
+// AVX-512 (like ExpNonPositive, 0 for -inf and a NaN kept, but at most FLT_MIN, not 0, below
+// -87.3), ExpNonPositive elsewhere. A weight then errs by at most 8.9e-8 (1 + |x|) e^x <= 8.9e-8
+// of the tile's largest (1): about 1.5 units of fp32 roundoff. AMD EPYC (Zen 5), fp16, median
+// ratios of tokens/s against ExpNonPositive (with the rescaling's exp one query at a time):
+// - KV in L2 (--ctx 512 --cold-size 0), two builds, 5 alternating runs: one thread (batch 2) hd64
+//   GQA 1 0.990, GQA 4 1.009, GQA 8 1.033, hd128 1.014, 1.000, 1.007; 2 threads (batch 8) hd64
+//   1.024, 1.010, 1.032, hd128 1.009, 1.006, 1.011.
+// - From memory, one build switching by an environment variable, 4 alternating runs, one thread
+//   (ctx 4096, batch 16): hd64 1.006, 1.016, 1.029, hd128 1.003, 1.010, 1.009; 2 threads (ctx 512
+//   and 4096, batch 16 and 64, GQA 1 and 4, 8 runs, pairs in the same stream mode) 0.97-1.04 per
+//   cell, hd64 GQA 1 beside the slow stream at the low end (0.97-0.98).
+// The coarse cubic (ExpNonPositive<true>) read hd64 GQA 4 1.04-1.07x as fast from memory, but
+// moved stories260K's logits by up to 1.06e-3 of their range against the fp32 reference.
+template <class D>
+HWY_INLINE hn::Vec<D> ExpWeights(D d, hn::Vec<D> x) {
+#if HWY_TARGET <= HWY_AVX3
+  return ExpNonPositiveScalef<6>(d, x);
+#else
+  return ExpNonPositive(d, x);
+#endif
+}
+
 // Each query's running max folded with its largest score of a tile s[j][0, tile) whose first n
 // are real (the rest are set to -inf here), tile a multiple of Lanes(dt): m_new[j] = max(m[j],
 // tile_max[j]).
@@ -417,12 +454,19 @@ HWY_INLINE void FoldDenominators(DT dt, D d, const hn::Vec<DT>* vsum, const floa
   const size_t L = hn::Lanes(d);
   float sums[NQ];
   ReduceLanes<NQ>(dt, vsum, sums);
+  // exp(m - m_new): four queries at a time in one vector where 4 divides NQ, where a std::exp call
+  // per query whose max had grown took 1.9 % of fp16 hd64 GQA 4 (KV in L2, AMD EPYC Zen 5).
+  float corr[NQ];
+  if constexpr (NQ % 4 == 0) {
+    ExpOfDifferences<NQ>(m, m_new, corr);
+  } else {
+    for (int j = 0; j < NQ; ++j) corr[j] = m[j] == m_new[j] ? 1.0f : std::exp(m[j] - m_new[j]);
+  }
   for (int j = 0; j < NQ; ++j) {
     if (m_new[j] == -std::numeric_limits<float>::infinity()) continue;
-    const float corr = m[j] == m_new[j] ? 1.0f : std::exp(m[j] - m_new[j]);
-    l[j] = l[j] * corr + sums[j];
-    if (corr != 1.0f) {
-      const auto vc = hn::Set(d, corr);
+    l[j] = l[j] * corr[j] + sums[j];
+    if (corr[j] != 1.0f) {
+      const auto vc = hn::Set(d, corr[j]);
       for (size_t c = 0; c < hd; c += L) hn::Store(hn::Mul(hn::Load(d, acc[j] + c), vc), d, acc[j] + c);
     }
     m[j] = m_new[j];
@@ -455,7 +499,7 @@ HWY_INLINE void SoftmaxFoldTiles(DT dt, D d, SRow* HWY_RESTRICT s, int n, size_t
     fetch.Next();
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
-      const auto p = ExpNonPositive(dt, hn::Sub(hn::Load(dt, s[j] + t), vm[j]));  // exp(-inf) = 0
+      const auto p = ExpWeights(dt, hn::Sub(hn::Load(dt, s[j] + t), vm[j]));  // exp(-inf) = 0
       hn::Store(p, dt, s[j] + t);
       vsum[j] = hn::Add(vsum[j], p);
     }

@@ -631,14 +631,22 @@ void AttendHeadsImpl(const float* q, int n_q, int q_pos0, const KvBlocks& kv, si
   }
 }
 
-template <bool kCoarse>
+// The exponentials the kernels take, for the tests: ExpNonPositive (kCoarse or not) or ExpWeights.
+enum class ExpKind { kFine, kCoarse, kWeights };
+
+template <ExpKind kKind, class D>
+HWY_INLINE hn::Vec<D> ExpOfKind(D d, hn::Vec<D> x) {
+  if constexpr (kKind == ExpKind::kWeights) return ExpWeights(d, x);
+  return ExpNonPositive<kKind == ExpKind::kCoarse>(d, x);
+}
+
+template <ExpKind kKind>
 void SoftmaxExpOf(const float* x, float* y, size_t n) {
   const hn::ScalableTag<float> d;
   const hn::CappedTag<float, 1> d1;
   size_t i = 0;
-  for (; i + hn::Lanes(d) <= n; i += hn::Lanes(d))
-    hn::StoreU(ExpNonPositive<kCoarse>(d, hn::LoadU(d, x + i)), d, y + i);
-  for (; i < n; ++i) hn::StoreU(ExpNonPositive<kCoarse>(d1, hn::LoadU(d1, x + i)), d1, y + i);
+  for (; i + hn::Lanes(d) <= n; i += hn::Lanes(d)) hn::StoreU(ExpOfKind<kKind>(d, hn::LoadU(d, x + i)), d, y + i);
+  for (; i < n; ++i) hn::StoreU(ExpOfKind<kKind>(d1, hn::LoadU(d1, x + i)), d1, y + i);
 }
 
 // The layout the fp16 kernel reads fastest on this CPU (the store's choice, KvFormat::layout):
@@ -656,8 +664,9 @@ void SoftmaxExpOf(const float* x, float* y, size_t n) {
 // fast at GQA 1 and 0.95-1.19x at GQA 4. Off AMD the heads stay apart.
 KvLayout F16LayoutImpl() { return SideBySideReadsFaster() ? KvLayout::kSideBySide : KvLayout::kApart; }
 
-void SoftmaxExpImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<false>(x, y, n); }
-void SoftmaxExpCoarseImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<true>(x, y, n); }
+void SoftmaxExpImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<ExpKind::kFine>(x, y, n); }
+void SoftmaxExpCoarseImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<ExpKind::kCoarse>(x, y, n); }
+void SoftmaxWeightExpImpl(const float* x, float* y, size_t n) { SoftmaxExpOf<ExpKind::kWeights>(x, y, n); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace fd::kernels
@@ -671,6 +680,7 @@ HWY_EXPORT(AttendHeadsImpl);
 HWY_EXPORT(F16LayoutImpl);
 HWY_EXPORT(SoftmaxExpImpl);
 HWY_EXPORT(SoftmaxExpCoarseImpl);
+HWY_EXPORT(SoftmaxWeightExpImpl);
 
 namespace {
 
@@ -751,6 +761,7 @@ KvLayout f16_layout() { return HWY_DYNAMIC_DISPATCH(F16LayoutImpl)(); }
 
 void softmax_exp(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxExpImpl)(x, y, n); }
 void softmax_exp_coarse(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxExpCoarseImpl)(x, y, n); }
+void softmax_weight_exp(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxWeightExpImpl)(x, y, n); }
 
 void attention_f16(const float* q, int n_q, int q_pos0, const KvBlocksF16& kv, const AttnDims& d,
                    float* out) {

@@ -91,9 +91,12 @@ KvLayout f16_layout();
 // The layout the q8 kernel reads fastest on this CPU for head blocks of head_bytes (the q8 store's).
 KvLayout q8_layout(size_t head_bytes);
 
-// y[i] = exp(x[i]) for x[i] <= 0, as the fp16 kernel's softmax computes its weights (exposed for
-// tests): within 2 ulp where exp(x) >= FLT_MIN, 0 for x < -87.7 and for -inf.
+// y[i] = exp(x[i]) for x[i] <= 0, as the kernels rescale a query's sums when its max grows
+// (exposed for tests): within 2 ulp where exp(x) >= FLT_MIN, 0 for x < -87.7 and for -inf.
 void softmax_exp(const float* x, float* y, size_t n);
+// The same as the fp16 kernel computes its softmax weights: within 2 (1 + |x|) ulp where exp(x) >=
+// FLT_MIN (on AVX-512; 2 ulp elsewhere), at most FLT_MIN below, and 0 for -inf.
+void softmax_weight_exp(const float* x, float* y, size_t n);
 // The same to 1.3e-4 relative error, as the quantized formats compute their weights (which they
 // round to at most 8 bits).
 void softmax_exp_coarse(const float* x, float* y, size_t n);
