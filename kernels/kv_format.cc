@@ -11,7 +11,7 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int kMaxHeadDim = 256;  // attention keeps a head's accumulators on the stack
+constexpr int kMaxHeadDim = 256;  // attention keeps a head's accumulators on the stack (KvFormat::head_dims)
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -170,6 +170,7 @@ class Q4Format final : public QuantFormatBase {
   KvDtype dtype() const override { return KvDtype::q4; }
   const char* name() const override { return "q4"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim && hd % 32 == 0; }
+  const char* head_dims() const override { return "head_dim in multiples of 32 up to 256"; }
   size_t head_block_bytes(int bt, int hd) const override {
     // Keys are padded to whole key groups, values only to quads.
     const size_t data = round_up(size_t(bt), kQ4KeyGroup) * size_t(hd) / 2;

@@ -71,6 +71,8 @@ class KvFormat {
   virtual KvDtype dtype() const = 0;
   virtual const char* name() const = 0;
   virtual bool supports(int head_dim) const = 0;
+  // The head_dims it supports, in words (for errors).
+  virtual const char* head_dims() const { return "head_dim 1 to 256"; }
   // Bytes of one kv head's block (q8/q4 round up to 64 so every head starts a cache line).
   virtual size_t head_block_bytes(int block_tokens, int head_dim) const = 0;
   // Where the store places a block's kv heads: the layout this format's attention reads fastest

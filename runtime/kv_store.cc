@@ -54,9 +54,15 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
                 std::to_string(cfg.head_dim) + ", " + std::to_string(cfg.block_tokens) +
                 " tokens per block must all be positive.");
   format_ = &kernels::kv_format(cfg.dtype);
-  if (!format_->supports(cfg.head_dim))
+  if (!format_->supports(cfg.head_dim)) {
+    std::string others;  // the formats that can
+    for (const auto d : {kernels::KvDtype::f16, kernels::KvDtype::q8, kernels::KvDtype::q4})
+      if (kernels::kv_format(d).supports(cfg.head_dim))
+        others += (others.empty() ? "" : " or ") + std::string(kernels::kv_format(d).name());
     throw Error(std::string("KV-cache format ") + format_->name() + " cannot hold head_dim " +
-                std::to_string(cfg.head_dim) + ".");
+                std::to_string(cfg.head_dim) + ": it takes " + format_->head_dims() +
+                (others.empty() ? "; no KV-cache format can." : "; " + others + " can."));
+  }
   layout_ = cfg.layout.value_or(format_->layout(cfg.block_tokens, cfg.head_dim));
   head_bytes_ = format_->head_block_bytes(cfg.block_tokens, cfg.head_dim);
   head_stride_ = kernels::kv_head_stride(layout_, head_bytes_);
