@@ -56,7 +56,8 @@ gatekeeper_actor::behavior_type gate_behavior(self_ptr self, GatekeeperConfig cf
                             std::to_string(st.cfg.groups.size()) + ")");
         const r_group& g = st.cfg.groups[req.group];
         return join_reply{st.cfg.run_id, g.layers, g.heads, g.kv_heads, st.cfg.model.head_dim,
-                          st.cfg.block_tokens, req.group, st.cfg.lane_port};
+                          st.cfg.block_tokens, req.group, st.cfg.lane_port, st.cfg.max_seqs,
+                          st.cfg.model.ctx};
       },
       [self](add_shards& req) -> caf::result<shard_ids> {
         const auto& st = self->state;

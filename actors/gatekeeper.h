@@ -17,6 +17,7 @@ struct GatekeeperConfig {
   ModelConfig model;
   std::vector<r_group> groups;  // what a shard of each R-group holds
   int block_tokens = 64;  // tokens per KV page, told to joining cpu nodes
+  int max_seqs = 256;     // sequences holding KV at once (--max-batch), told to joining cpu nodes
   Vocab vocab{};         // sent to clients, which tokenize without the model file
   // The data lanes of cpu nodes (actors/data_lane.h); null: shards register without one.
   std::shared_ptr<LaneRegistry> lanes;

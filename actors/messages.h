@@ -48,7 +48,7 @@ using sweep_atom = caf::atom_constant<caf::atom("sweep")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 
 // Bumped whenever a message changes: nodes of different versions refuse each other.
-constexpr int32_t kProtocolVersion = 4;
+constexpr int32_t kProtocolVersion = 5;
 
 // Rows [row0, row0 + n) of a payload belong to sequence seq at positions [pos0, pos0 + n).
 struct seq_rows {
@@ -232,6 +232,10 @@ struct join_reply {
   int32_t block_tokens = 0;
   int32_t group = 0;
   int32_t lane_port = 0;  // the gpu node's data lane, on the host joined (actors/data_lane.h)
+  // The most sequences that hold KV at once (--max-batch) and the most tokens each holds (the
+  // model's context): what a cpu node without --kv-memory sizes its KV-cache by.
+  int32_t max_seqs = 0;
+  int32_t seq_tokens = 0;
 };
 
 // The layers and heads one R-group of shards holds: all of them without model parallelism, a
@@ -419,7 +423,7 @@ typename Inspector::result_type inspect(Inspector& f, join_request& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_reply& x) {
   return f(caf::meta::type_name("join_reply"), x.run_id, x.n_layers, x.n_heads, x.n_kv_heads,
-           x.head_dim, x.block_tokens, x.group, x.lane_port);
+           x.head_dim, x.block_tokens, x.group, x.lane_port, x.max_seqs, x.seq_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lane_hello& x) {

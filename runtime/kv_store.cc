@@ -33,6 +33,14 @@ size_t kv_page_bytes(const KvStoreConfig& cfg) {
   return static_cast<size_t>(cfg.n_layers) * 2 * part_bytes_of(cfg);
 }
 
+size_t kv_memory_for(const KvStoreConfig& cfg, int seqs, int seq_tokens, size_t cap) {
+  if (seqs < 1 || seq_tokens < 1) return cap;
+  const size_t per_seq = (static_cast<size_t>(seq_tokens) + cfg.block_tokens - 1) / cfg.block_tokens;
+  const size_t page = kv_page_bytes(cfg);
+  const size_t pages = static_cast<size_t>(seqs) * per_seq;
+  return page == 0 || pages > cap / page ? cap : pages * page;
+}
+
 void check_kv_memory(size_t per_shard, int shards, size_t available) {
   if (available == 0) available = available_memory();
   if (available == 0 || shards < 1) return;

@@ -46,6 +46,7 @@ TEST_CASE("gatekeeper refuses wrong secrets, versions and runs", "[gatekeeper]")
   gc.model = model->cfg;
   gc.groups = {fd::whole_model_group(model->cfg)};
   gc.block_tokens = 16;
+  gc.max_seqs = 48;
   auto gate = fd::spawn_gatekeeper(sys, gc, node.scheduler);
   caf::scoped_actor self{sys};
   CHECK(refusal_of<fd::join_reply>(sys, self, gate, fd::join_request{"wrong", fd::kProtocolVersion, "n"}).find("wrong cluster secret") !=
@@ -61,6 +62,8 @@ TEST_CASE("gatekeeper refuses wrong secrets, versions and runs", "[gatekeeper]")
   CHECK(shape.run_id == 77);
   CHECK(shape.n_layers == 1);
   CHECK(shape.head_dim == 16);
+  CHECK(shape.max_seqs == 48);  // what a cpu node without --kv-memory sizes its KV-cache by
+  CHECK(shape.seq_tokens == model->cfg.ctx);
 
   const auto& mc = model->cfg;
   auto shards = fd::spawn_shards(sys, "t", 1,

@@ -195,6 +195,21 @@ TEST_CASE("a node's KV-cache capacity must fit the memory the machine has availa
   CHECK_THROWS_AS(fd::check_kv_memory(here + 1, 1), fd::Error);
 }
 
+TEST_CASE("kv_memory_for sizes one store for every sequence at its longest, up to the cap", "[kv]") {
+  using fd::kernels::KvDtype;
+  for (KvDtype dt : {KvDtype::f16, KvDtype::q8}) {
+    fd::KvStoreConfig c{5, 4, 8, 64, 0, dt};  // stories260K's shape
+    const size_t gib = size_t(1) << 30;
+    c.capacity_bytes = fd::kv_memory_for(c, 6, 100, gib);  // 2 pages each
+    fd::KvStore s(c);
+    CHECK(s.total_pages() == 12);
+    for (uint64_t seq = 0; seq < 6; ++seq) s.reserve(seq, 100);
+    CHECK_THROWS_AS(s.reserve(6, 1), fd::Error);
+    CHECK(fd::kv_memory_for(c, 6, 100, 5 * s.page_bytes()) == 5 * s.page_bytes());  // the cap
+    CHECK(fd::kv_memory_for(c, 0, 100, gib) == gib);
+  }
+}
+
 TEST_CASE("KvStore drop frees pages for reuse without fragmentation", "[kv]") {
   for (KvLayout layout : kLayouts) {
     INFO(layout_name(layout));

@@ -49,3 +49,12 @@ TEST_CASE("cpu nodes take their KV memory at start, --role all as rows are writt
   CHECK_FALSE(parse({"--role", "cpu", "--join", "127.0.0.1:4242", "--kv-commit", "lazy"}).local.kv_commit);
   CHECK_THROWS_WITH(parse({"--kv-commit", "now"}), "--kv-commit must be start or lazy, not 'now'");
 }
+
+TEST_CASE("a cpu node without --kv-memory sizes its KV-cache up to 1 GiB, and with it takes what it is given", "[options]") {
+  const auto cpu = parse({"--role", "cpu", "--join", "127.0.0.1:4242"});
+  CHECK_FALSE(cpu.kv_memory_given);
+  CHECK(cpu.local.kv_memory == size_t(1) << 30);
+  const auto given = parse({"--role", "cpu", "--join", "127.0.0.1:4242", "--kv-memory", "1GiB"});
+  CHECK(given.kv_memory_given);  // the default's value, but given
+  CHECK(given.local.kv_memory == size_t(1) << 30);
+}

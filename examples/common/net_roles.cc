@@ -87,6 +87,7 @@ int run_gpu_role(const NodeArgs& args) {
   gc.model = model->cfg;
   gc.groups = node.groups;
   gc.block_tokens = args.local.block_tokens;
+  gc.max_seqs = args.local.max_batch;
   gc.vocab = model->vocab;
   LaneAcceptor lanes(sys, LaneAcceptorConfig{hp.host, static_cast<uint16_t>(args.lane_port), args.token,
                                              gc.run_id, args.local.timeout, true});
@@ -184,7 +185,7 @@ void report_and_stop(caf::scoped_actor& self, const std::string& name, StoppingS
 
 int run_cpu_role(const NodeArgs& args) {
   const HostPort hp = parse_host_port(args.join, "--join");
-  check_kv_memory(args.local.kv_memory, args.local.shards);
+  if (args.kv_memory_given) check_kv_memory(args.local.kv_memory, args.local.shards);
   StopSignals signals;
   caf::actor_system_config cfg;
   configure_caf(cfg, args.threads);
@@ -207,20 +208,29 @@ int run_cpu_role(const NodeArgs& args) {
                  throw Error("the gpu node at " + args.join + " refused this node: " +
                              sys.render(e));
                });
+  KvStoreConfig store{shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_tokens,
+                      args.local.kv_memory, args.local.kv_dtype};
+  if (!args.kv_memory_given && shape.max_seqs > 0) {
+    // Without --kv-memory each shard holds what the gpu node's run can place on it, up to the
+    // default: a small model does not take the default's memory.
+    store.capacity_bytes = kv_memory_for(store, shape.max_seqs, shape.seq_tokens, args.local.kv_memory);
+    std::cerr << "cpu node " << name << ": KV-cache of " << format_bytes(store.capacity_bytes)
+              << " per shard, for " << shape.max_seqs << " sequences of up to " << shape.seq_tokens
+              << " tokens (at most " << format_bytes(args.local.kv_memory) << "; --kv-memory sets it)\n";
+  }
+  if (!args.kv_memory_given) check_kv_memory(store.capacity_bytes, args.local.shards);
   add_shards reg;
   reg.token = args.token;
   reg.run_id = shape.run_id;
   const auto spawned = std::chrono::steady_clock::now();
   reg.shards = spawn_shards(
-      sys, name + "/shard-", args.local.shards,
-      KvStoreConfig{shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_tokens,
-                    args.local.kv_memory, args.local.kv_dtype},
+      sys, name + "/shard-", args.local.shards, store,
       kernels::AttnDims{shape.n_heads, shape.n_kv_heads, shape.head_dim}, shape.group,
       threads_per_shard(args.local.attn_threads, args.local.shards), caf::actor_cast<caf::actor>(self),
       args.local.kv_commit);
   if (args.local.kv_commit)
     std::cerr << "cpu node " << name << ": KV-cache of " << args.local.shards << " x "
-              << format_bytes(args.local.kv_memory) << " in memory after "
+              << format_bytes(store.capacity_bytes) << " in memory after "
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - spawned).count()
               << " s\n";
   std::vector<shard_actor> shards;

@@ -80,7 +80,9 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("top-p", po::value(&a.sampling.top_p)->default_value(0.95f), "1 = no limit")
       ("seed", po::value(&a.sampling.seed)->default_value(42), "sampling seed")
       ("shards", po::value(&a.local.shards)->default_value(2), "R-worker shards")
-      ("kv-memory", po::value(&kv_memory)->default_value("1GiB"), "KV-cache capacity per shard")
+      ("kv-memory", po::value(&kv_memory)->default_value("1GiB"),
+       "KV-cache capacity per shard (a cpu node without it: what the gpu node's run can place on "
+       "each shard, up to 1GiB)")
       ("kv-commit", po::value(&kv_commit),
        "start: take each shard's --kv-memory from the OS when it starts (the default of cpu nodes); "
        "lazy: page by page as rows are first written (the default of --role all)")
@@ -187,6 +189,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (!(timeout_s > 0)) throw Error("--timeout must be positive");
   validate(a.sampling);
   a.local.kv_memory = parse_size(kv_memory);
+  a.kv_memory_given = !vm["kv-memory"].defaulted();
   if (!kv_commit.empty() && kv_commit != "start" && kv_commit != "lazy")
     throw Error("--kv-commit must be start or lazy, not '" + kv_commit + "'");
   a.local.kv_commit = kv_commit.empty() ? a.role == "cpu" : kv_commit == "start";

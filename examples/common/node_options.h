@@ -29,6 +29,7 @@ struct NodeArgs {
   double min_shards_wait_s = 60;
   std::string node_name;                  // --role cpu: name in logs
   int group = 0;                          // --role cpu: R-group served (model parallelism)
+  bool kv_memory_given = false;           // --kv-memory was set; else local.kv_memory is a cap
 };
 
 struct HostPort {

@@ -168,3 +168,11 @@ cpu_node() {
   [[ " $* " == *" --kv-memory "* ]] && memory=()
   start "$name" "$NODE" --role cpu --join "127.0.0.1:$port" --name "$name" "${memory[@]}" "$@"
 }
+
+# cpu_node_sized NAME PORT [EXTRA...]: a cpu node without --kv-memory, which sizes its KV-cache
+# for what the gpu node's run can place on it.
+cpu_node_sized() {
+  local name=$1 port=$2
+  shift 2
+  start "$name" "$NODE" --role cpu --join "127.0.0.1:$port" --name "$name" "$@"
+}
