@@ -250,6 +250,10 @@ bool parse_kv_dtype(const std::string& s, KvDtype* dtype) {
       *dtype = d;
       return true;
     }
+  if (s == "int8" || s == "int4") {
+    *dtype = s == "int8" ? KvDtype::q8 : KvDtype::q4;
+    return true;
+  }
   return false;
 }
 

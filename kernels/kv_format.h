@@ -115,7 +115,8 @@ class KvFormat {
 // The format of a dtype (immutable, lives for the whole program).
 const KvFormat& kv_format(KvDtype dtype);
 const char* kv_dtype_name(KvDtype dtype);
-// Parses "f16", "q8" or "q4"; false for anything else.
+// Parses "f16", "q8" or "q4", and "int8" or "int4" as q8 or q4 (fastdecode-node's names); false
+// for anything else.
 bool parse_kv_dtype(const std::string& s, KvDtype* dtype);
 // "apart" or "side" (side by side), and back.
 const char* kv_layout_name(KvLayout layout);

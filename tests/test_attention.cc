@@ -454,7 +454,11 @@ TEST_CASE("quantized KV formats stay within half a quantization step", "[attenti
   fd::kernels::KvDtype parsed;
   CHECK(fd::kernels::parse_kv_dtype("q4", &parsed));
   CHECK(parsed == KvDtype::q4);
-  CHECK_FALSE(fd::kernels::parse_kv_dtype("int4", &parsed));
+  CHECK(fd::kernels::parse_kv_dtype("int8", &parsed));  // fastdecode-node's names
+  CHECK(parsed == KvDtype::q8);
+  CHECK(fd::kernels::parse_kv_dtype("int4", &parsed));
+  CHECK(parsed == KvDtype::q4);
+  CHECK_FALSE(fd::kernels::parse_kv_dtype("i4", &parsed));
 }
 
 TEST_CASE("sealing a q8 block moves its keys into element pairs and unsealing restores them", "[attention]") {

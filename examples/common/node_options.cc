@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "examples/common/list_options.h"
+#include "kernels/kv_format.h"
 #include "runtime/error.h"
 
 namespace po = boost::program_options;
@@ -179,10 +180,8 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   check_count(a.local.block_tokens, "block-tokens", 1, 4096);
   if (a.role == "cpu" && !vm["block-tokens"].defaulted())
     throw Error("--block-tokens is set on the gpu node; a cpu node takes its page size when it joins");
-  if (kv_dtype == "f16") a.local.kv_dtype = kernels::KvDtype::f16;
-  else if (kv_dtype == "int8") a.local.kv_dtype = kernels::KvDtype::q8;
-  else if (kv_dtype == "int4") a.local.kv_dtype = kernels::KvDtype::q4;
-  else throw Error("--kv-dtype must be f16, int8 or int4, not '" + kv_dtype + "'");
+  if (!kernels::parse_kv_dtype(kv_dtype, &a.local.kv_dtype))
+    throw Error("--kv-dtype must be f16, int8 or int4, not '" + kv_dtype + "'");
   if (a.gemm_threads < 0) throw Error("--gemm-threads must be >= 0");
   if (a.gemm_threads == 0)
     a.gemm_threads = std::max(1, cores / a.local.pipeline);
