@@ -76,27 +76,35 @@ using self_ptr = scheduler_actor::stateful_pointer<SchedState>;
 // Where lines about the cluster's shape go: stderr, or nowhere when the scheduler runs quietly.
 std::ostream& log(SchedState& st) { return st.cfg.log ? std::cerr : st.no_log; }
 
+}  // namespace
+
+bool better_place(const ShardLoad& a, const ShardLoad& b) {
+  if (a.mini_pages != b.mini_pages) return a.mini_pages < b.mini_pages;
+  if (a.used_pages != b.used_pages) return a.used_pages < b.used_pages;
+  return a.free_tokens > b.free_tokens;
+}
+
+namespace {
+
 uint64_t pages_for(uint64_t tokens, int32_t page_tokens) {
   return (tokens + page_tokens - 1) / page_tokens;
 }
 
-// The serving shard of R-group g that can hold `tokens` with the fewest pages of mini-batch
-// `mini` (a mini-batch's R-part is as slow as its busiest shard), then the most free KV tokens;
-// or -1.
+// The serving shard of R-group g that can hold `tokens` and is the best place (better_place) for
+// a sequence of mini-batch `mini`; or -1.
 int32_t best_shard(const SchedState& st, int32_t g, uint64_t tokens, size_t mini) {
   int32_t best = -1;
-  uint64_t best_free = 0, best_mini = 0;
+  ShardLoad best_load;
   for (auto& [id, e] : st.shards) {
     if (e.leaving || e.info.group != g) continue;
     const uint64_t need = pages_for(tokens, e.info.page_tokens);
     if (e.used_pages + need > e.info.pages) continue;
-    const uint64_t free_tokens = (e.info.pages - e.used_pages) * e.info.page_tokens;
     const auto m = e.mini_pages.find(mini);
-    const uint64_t of_mini = m == e.mini_pages.end() ? 0 : m->second;
-    if (best < 0 || of_mini < best_mini || (of_mini == best_mini && free_tokens > best_free)) {
+    const ShardLoad load{m == e.mini_pages.end() ? 0 : m->second, e.used_pages,
+                         (e.info.pages - e.used_pages) * e.info.page_tokens};
+    if (best < 0 || better_place(load, best_load)) {
       best = id;
-      best_free = free_tokens;
-      best_mini = of_mini;
+      best_load = load;
     }
   }
   return best;

@@ -1,6 +1,7 @@
-// Scheduler: admits generation requests, places each sequence on the shard with the most free
-// KV capacity, feeds the micro-batch, and answers each request when its sequence leaves. Shards
-// may join, leave or die at any time; their sequences are re-placed and re-prefilled.
+// Scheduler: admits generation requests, places each sequence on the shard with the least KV in
+// use that can hold it, feeds the micro-batch, and answers each request when its sequence
+// leaves. Shards may join, leave or die at any time; their sequences are re-placed and
+// re-prefilled.
 #pragma once
 #include <vector>
 
@@ -31,6 +32,18 @@ struct SchedulerConfig {
 // One mini-batch per stream: two streams give the two-stage pipeline.
 scheduler_actor spawn_scheduler(caf::actor_system& sys, const SchedulerConfig& cfg,
                                 std::vector<stream_actor> streams);
+
+// What places a sequence of one mini-batch on a shard that can hold it.
+struct ShardLoad {
+  uint64_t mini_pages = 0;   // pages of that mini-batch on the shard
+  uint64_t used_pages = 0;   // pages in use on the shard (both mini-batches)
+  uint64_t free_tokens = 0;  // KV tokens it has free
+};
+// Whether a is a better place than b: fewer pages of the mini-batch (its R-part is as slow as its
+// busiest shard), then fewer in use (the R-load of both mini-batches), then more free. By the
+// most free alone, among shards of different capacities every mini-batch's first sequence went
+// to the largest.
+bool better_place(const ShardLoad& a, const ShardLoad& b);
 
 // The reason a request cannot run on this model, or "" when it can.
 std::string check_request(const ModelConfig& model, const gen_request& req);

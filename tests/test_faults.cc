@@ -54,6 +54,17 @@ std::vector<fd::gen_result> run(std::shared_ptr<const fd::Model> model, int shar
 
 }  // namespace
 
+TEST_CASE("a sequence goes where its mini-batch has the fewest pages, then the least KV in use", "[scheduler]") {
+  using fd::ShardLoad;
+  CHECK(fd::better_place(ShardLoad{0, 90, 10}, ShardLoad{1, 0, 1000}));  // its mini-batch first
+  // Equal for the mini-batch: less in use wins over more free, as between a full-sized shard and a
+  // small one that holds nothing yet.
+  CHECK(fd::better_place(ShardLoad{0, 0, 20}, ShardLoad{0, 8, 2000}));
+  CHECK_FALSE(fd::better_place(ShardLoad{0, 8, 2000}, ShardLoad{0, 0, 20}));
+  CHECK(fd::better_place(ShardLoad{0, 8, 300}, ShardLoad{0, 8, 200}));  // then more free
+  CHECK_FALSE(fd::better_place(ShardLoad{0, 8, 200}, ShardLoad{0, 8, 200}));
+}
+
 TEST_CASE("a killed shard's sequences finish elsewhere with identical tokens", "[faults]") {
   auto model = slow_enough_model();
   const auto clean = run(model, 3, {});

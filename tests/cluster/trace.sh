@@ -66,9 +66,10 @@ start gpu "$NODE" --role gpu --listen "127.0.0.1:$PORT" --model "$SHARED/models/
 wait_log gpu "serving .* on 127.0.0.1:$PORT" 30
 cpu_node cpu "$PORT" --shards 2
 wait_log gpu "shard cpu/shard-1 joined" 30
-# Without --name a cpu node is host:pid. Its shard has the most free KV-cache, so that each
-# mini-batch's first sequence goes to it.
-start cpu2 "$NODE" --role cpu --join "127.0.0.1:$PORT" --shards 1 --kv-memory 1GiB
+# Without --name a cpu node is host:pid. Without --kv-memory its shard holds 20 MiB against the
+# other node's 128 MiB: it gets sequences all the same, since the scheduler places each on the
+# shard with the least KV in use (by the most free KV, it got none of the three in flight).
+start cpu2 "$NODE" --role cpu --join "127.0.0.1:$PORT" --shards 1
 wait_log gpu "shard [^ ]+:[0-9]+/shard-0 joined" 30
 CPU2=$(sed -nE 's/.*shard ([^ ]+:[0-9]+)\/shard-0 joined.*/\1/p' "$WORK/gpu.err" | head -1)
 [[ $CPU2 == "$(hostname):${PID[cpu2]}" ]] ||
