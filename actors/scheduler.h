@@ -1,6 +1,6 @@
-// Scheduler: admits generation requests, places each sequence on the shard with the least KV in
-// use that can hold it, feeds the micro-batch, and answers each request when its sequence
-// leaves. Shards may join, leave or die at any time; their sequences are re-placed and
+// Scheduler: admits generation requests, places each sequence on a shard that can hold it
+// (better_place: fewest pages of its mini-batch, then least KV in use), feeds the micro-batch,
+// and answers each request when its sequence leaves. Shards may join, leave or die at any time; their sequences are re-placed and
 // re-prefilled.
 #pragma once
 #include <vector>

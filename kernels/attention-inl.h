@@ -305,7 +305,7 @@ HWY_INLINE __m256 ScaleByPow2(__m256 p, __m256 t) { return _mm256_scalef_ps(p, t
 HWY_INLINE __m128 ScaleByPow2(__m128 p, __m128 t) { return _mm_scalef_ps(p, t); }
 
 // kDegree 6 (ExpWeights): 2^f by a degree-6 polynomial (interpolating 2^f at the 7 Chebyshev
-// nodes of [0, 1]; 6.0e-9 relative error with these fp32 coefficients) in 9 instructions. Its
+// nodes of [0, 1]; 6.0e-9 relative error with these fp32 coefficients) in 11 instructions. Its
 // error then comes from rounding t: within 1.8 ulp on [-1, 0] and 8.9e-8 (1 + |x|) relative
 // everywhere (every fp32 x in [-87.3, 0] against exp in double).
 template <int kDegree = 3, class D>
@@ -325,7 +325,11 @@ HWY_INLINE hn::Vec<D> ExpNonPositiveScalef(D d, hn::Vec<D> x) {
     p = hn::MulAdd(p, f, hn::Set(d, 0.6931469440460205f));
   }
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
-  return hn::Vec<D>{ScaleByPow2(p.raw, t.raw)};
+  const hn::Vec<D> r{ScaleByPow2(p.raw, t.raw)};
+  if constexpr (kDegree == 3) return r;
+  // 0 below t = -126 (x < -87.3), as ExpNonPositive gives, not a subnormal: subnormal weights in the
+  // value sums may cost microcode assists on Intel. A NaN t compares false and stays NaN.
+  return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -126.0f)), r);
 }
 #endif
 
@@ -380,17 +384,17 @@ HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
 }
 
 // exp(x) for x <= 0 as the fp16 kernel computes its softmax weights: ExpNonPositiveScalef<6> on
-// AVX-512 (like ExpNonPositive, 0 for -inf and a NaN kept, but at most FLT_MIN, not 0, below
-// -87.3), ExpNonPositive elsewhere. A weight then errs by at most 8.9e-8 (1 + |x|) e^x <= 8.9e-8
-// of the tile's largest (1): about 1.5 units of fp32 roundoff. AMD EPYC (Zen 5), fp16, median
-// ratios of tokens/s against ExpNonPositive (with the rescaling's exp one query at a time):
-// - KV in L2 (--ctx 512 --cold-size 0), two builds, 5 alternating runs: one thread (batch 2) hd64
-//   GQA 1 0.990, GQA 4 1.009, GQA 8 1.033, hd128 1.014, 1.000, 1.007; 2 threads (batch 8) hd64
-//   1.024, 1.010, 1.032, hd128 1.009, 1.006, 1.011.
-// - From memory, one build switching by an environment variable, 4 alternating runs, one thread
-//   (ctx 4096, batch 16): hd64 1.006, 1.016, 1.029, hd128 1.003, 1.010, 1.009; 2 threads (ctx 512
-//   and 4096, batch 16 and 64, GQA 1 and 4, 8 runs, pairs in the same stream mode) 0.97-1.04 per
-//   cell, hd64 GQA 1 beside the slow stream at the low end (0.97-0.98).
+// AVX-512 (like ExpNonPositive, 0 below -87.3 and for -inf, and a NaN kept), ExpNonPositive
+// elsewhere. A weight then errs by at most 8.9e-8 (1 + |x|) e^x <= 8.9e-8 of the tile's largest
+// (1): about 1.5 units of fp32 roundoff. AMD EPYC (Zen 5), fp16, median ratios of tokens/s
+// against ExpNonPositive (with the rescaling's exp one query at a time), one build switching by
+// an environment variable, 4 alternating runs:
+// - KV in L2 (--threads 1 --ctx 512 --batch 2 --cold-size 0): hd64 GQA 1 1.044, GQA 4 1.023,
+//   GQA 8 1.013, hd128 0.994, 1.010, 1.014. Two builds compared so read 0.95-1.03: code placement.
+// - From memory, before the zeroing below -87.3 (two instructions): one thread (ctx 4096, batch
+//   16) hd64 1.006, 1.016, 1.029, hd128 1.003, 1.010, 1.009; 2 threads (ctx 512 and 4096, batch 16
+//   and 64, GQA 1 and 4, 8 runs, pairs in the same stream mode) 0.97-1.04 per cell, hd64 GQA 1
+//   beside the slow stream at the low end (0.97-0.98).
 // The coarse cubic (ExpNonPositive<true>) read hd64 GQA 4 1.04-1.07x as fast from memory, but
 // moved stories260K's logits by up to 1.06e-3 of their range against the fp32 reference.
 template <class D>
@@ -455,7 +459,9 @@ HWY_INLINE void FoldDenominators(DT dt, D d, const hn::Vec<DT>* vsum, const floa
   float sums[NQ];
   ReduceLanes<NQ>(dt, vsum, sums);
   // exp(m - m_new): four queries at a time in one vector where 4 divides NQ, where a std::exp call
-  // per query whose max had grown took 1.9 % of fp16 hd64 GQA 4 (KV in L2, AMD EPYC Zen 5).
+  // per query whose max had grown took 1.9 % of fp16 hd64 GQA 4 (KV in L2, AMD EPYC Zen 5); the
+  // quantized kernels' folds come here too. Otherwise one query at a time, and only where its max
+  // grew (ExpOfDifferences would call std::exp for every query).
   float corr[NQ];
   if constexpr (NQ % 4 == 0) {
     ExpOfDifferences<NQ>(m, m_new, corr);

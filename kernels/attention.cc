@@ -636,8 +636,11 @@ enum class ExpKind { kFine, kCoarse, kWeights };
 
 template <ExpKind kKind, class D>
 HWY_INLINE hn::Vec<D> ExpOfKind(D d, hn::Vec<D> x) {
-  if constexpr (kKind == ExpKind::kWeights) return ExpWeights(d, x);
-  return ExpNonPositive<kKind == ExpKind::kCoarse>(d, x);
+  if constexpr (kKind == ExpKind::kWeights) {
+    return ExpWeights(d, x);
+  } else {
+    return ExpNonPositive<kKind == ExpKind::kCoarse>(d, x);
+  }
 }
 
 template <ExpKind kKind>

@@ -95,7 +95,7 @@ KvLayout q8_layout(size_t head_bytes);
 // (exposed for tests): within 2 ulp where exp(x) >= FLT_MIN, 0 for x < -87.7 and for -inf.
 void softmax_exp(const float* x, float* y, size_t n);
 // The same as the fp16 kernel computes its softmax weights: within 2 (1 + |x|) ulp where exp(x) >=
-// FLT_MIN (on AVX-512; 2 ulp elsewhere), at most FLT_MIN below, and 0 for -inf.
+// FLT_MIN (on AVX-512; 2 ulp elsewhere), 0 below and for -inf.
 void softmax_weight_exp(const float* x, float* y, size_t n);
 // The same to 1.3e-4 relative error, as the quantized formats compute their weights (which they
 // round to at most 8 bits).

@@ -11,7 +11,7 @@
 namespace fd::kernels {
 namespace {
 
-constexpr int kMaxHeadDim = 256;  // attention keeps a head's accumulators on the stack (KvFormat::head_dims)
+constexpr int kMaxHeadDim = 256;  // attention keeps a head's accumulators on the stack
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -67,6 +67,7 @@ class F16Format final : public KvFormatBase {
   KvDtype dtype() const override { return KvDtype::f16; }
   const char* name() const override { return "f16"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim; }
+  std::string head_dims() const override { return "head_dim 1 to " + std::to_string(kMaxHeadDim); }
   size_t head_block_bytes(int bt, int hd) const override {
     return size_t(bt) * size_t(hd) * sizeof(uint16_t);
   }
@@ -114,6 +115,7 @@ class Q8Format final : public QuantFormatBase {
   KvDtype dtype() const override { return KvDtype::q8; }
   const char* name() const override { return "q8"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim; }
+  std::string head_dims() const override { return "head_dim 1 to " + std::to_string(kMaxHeadDim); }
   size_t head_block_bytes(int bt, int hd) const override {
     return round_up(detail::q8_data_offset(size_t(bt)) + round_up(size_t(bt), 4) * size_t(hd), 64);
   }
@@ -170,7 +172,9 @@ class Q4Format final : public QuantFormatBase {
   KvDtype dtype() const override { return KvDtype::q4; }
   const char* name() const override { return "q4"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim && hd % 32 == 0; }
-  const char* head_dims() const override { return "head_dim in multiples of 32 up to 256"; }
+  std::string head_dims() const override {
+    return "head_dim in multiples of 32 up to " + std::to_string(kMaxHeadDim);
+  }
   size_t head_block_bytes(int bt, int hd) const override {
     // Keys are padded to whole key groups, values only to quads.
     const size_t data = round_up(size_t(bt), kQ4KeyGroup) * size_t(hd) / 2;
@@ -244,8 +248,16 @@ const KvFormat& kv_format(KvDtype dtype) {
 
 const char* kv_dtype_name(KvDtype dtype) { return kv_format(dtype).name(); }
 
+std::string kv_dtype_label(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::q8: return "q8 (int8)";
+    case KvDtype::q4: return "q4 (int4)";
+    default: return kv_dtype_name(dtype);
+  }
+}
+
 bool parse_kv_dtype(const std::string& s, KvDtype* dtype) {
-  for (KvDtype d : {KvDtype::f16, KvDtype::q8, KvDtype::q4})
+  for (KvDtype d : kKvDtypes)
     if (s == kv_dtype_name(d)) {
       *dtype = d;
       return true;

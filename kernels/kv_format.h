@@ -72,7 +72,7 @@ class KvFormat {
   virtual const char* name() const = 0;
   virtual bool supports(int head_dim) const = 0;
   // The head_dims it supports, in words (for errors).
-  virtual const char* head_dims() const { return "head_dim 1 to 256"; }
+  virtual std::string head_dims() const = 0;
   // Bytes of one kv head's block (q8/q4 round up to 64 so every head starts a cache line).
   virtual size_t head_block_bytes(int block_tokens, int head_dim) const = 0;
   // Where the store places a block's kv heads: the layout this format's attention reads fastest
@@ -115,6 +115,10 @@ class KvFormat {
 // The format of a dtype (immutable, lives for the whole program).
 const KvFormat& kv_format(KvDtype dtype);
 const char* kv_dtype_name(KvDtype dtype);
+// Every KvDtype.
+constexpr KvDtype kKvDtypes[] = {KvDtype::f16, KvDtype::q8, KvDtype::q4};
+// "f16", "q8 (int8)" or "q4 (int4)": the name and fastdecode-node's, for messages.
+std::string kv_dtype_label(KvDtype dtype);
 // Parses "f16", "q8" or "q4", and "int8" or "int4" as q8 or q4 (fastdecode-node's names); false
 // for anything else.
 bool parse_kv_dtype(const std::string& s, KvDtype* dtype);

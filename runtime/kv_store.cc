@@ -34,7 +34,7 @@ size_t kv_page_bytes(const KvStoreConfig& cfg) {
 }
 
 size_t kv_memory_for(const KvStoreConfig& cfg, int seqs, int seq_tokens, size_t cap) {
-  if (seqs < 1 || seq_tokens < 1) return cap;
+  if (seqs < 1 || seq_tokens < 1 || cfg.block_tokens < 1) return cap;
   const size_t per_seq = (static_cast<size_t>(seq_tokens) + cfg.block_tokens - 1) / cfg.block_tokens;
   const size_t page = kv_page_bytes(cfg);
   const size_t pages = static_cast<size_t>(seqs) * per_seq;
@@ -64,10 +64,10 @@ KvStore::KvStore(const KvStoreConfig& cfg) : cfg_(cfg), arena_(nullptr, Unmap{0}
   format_ = &kernels::kv_format(cfg.dtype);
   if (!format_->supports(cfg.head_dim)) {
     std::string others;  // the formats that can
-    for (const auto d : {kernels::KvDtype::f16, kernels::KvDtype::q8, kernels::KvDtype::q4})
+    for (const auto d : kernels::kKvDtypes)
       if (kernels::kv_format(d).supports(cfg.head_dim))
-        others += (others.empty() ? "" : " or ") + std::string(kernels::kv_format(d).name());
-    throw Error(std::string("KV-cache format ") + format_->name() + " cannot hold head_dim " +
+        others += (others.empty() ? "" : " or ") + kernels::kv_dtype_label(d);
+    throw Error("KV-cache format " + kernels::kv_dtype_label(cfg.dtype) + " cannot hold head_dim " +
                 std::to_string(cfg.head_dim) + ": it takes " + format_->head_dims() +
                 (others.empty() ? "; no KV-cache format can." : "; " + others + " can."));
   }

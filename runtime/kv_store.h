@@ -54,8 +54,9 @@ void check_kv_memory(size_t per_shard, int shards, size_t available = 0);
 size_t kv_page_bytes(const KvStoreConfig& cfg);
 
 // Capacity (bytes) of a store of cfg's shape that holds `seqs` sequences of up to `seq_tokens`
-// tokens each, but no more than `cap`: what every shard needs however the sequences are spread
-// over the shards, since they grow after they are placed. cfg.capacity_bytes is not read.
+// tokens each, but no more than `cap`: what one shard needs when every sequence lands on it (the
+// other shards, of this node or others, may be full, leaving or gone). cfg.capacity_bytes is
+// not read.
 size_t kv_memory_for(const KvStoreConfig& cfg, int seqs, int seq_tokens, size_t cap);
 
 class KvStore {

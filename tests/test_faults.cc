@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
+#include "actors/scheduler.h"
 #include "actors/system.h"
 #include "pipeline_fixture.h"
 #include "kernels/ops.h"
@@ -54,7 +55,8 @@ std::vector<fd::gen_result> run(std::shared_ptr<const fd::Model> model, int shar
 
 }  // namespace
 
-TEST_CASE("a sequence goes where its mini-batch has the fewest pages, then the least KV in use", "[scheduler]") {
+TEST_CASE("better_place ranks shards by their mini-batch's pages, then the KV in use, then the free",
+          "[scheduler]") {
   using fd::ShardLoad;
   CHECK(fd::better_place(ShardLoad{0, 90, 10}, ShardLoad{1, 0, 1000}));  // its mini-batch first
   // Equal for the mini-batch: less in use wins over more free, as between a full-sized shard and a

@@ -22,7 +22,8 @@ TEST_CASE("comma-separated integer options", "[options]") {
   REQUIRE_THROWS_AS(fd::parse_int_list("5", "sizes", 1, 4), fd::Error);
   CHECK(fd::split_list("f16,q8", "kv-dtype") == std::vector<std::string>{"f16", "q8"});
   using fd::kernels::KvDtype;
-  CHECK(fd::parse_kv_dtype_list("f16,int8,q4") == std::vector<KvDtype>{KvDtype::f16, KvDtype::q8, KvDtype::q4});
+  CHECK(fd::parse_kv_dtype_list("f16,int8,q4") ==
+        std::vector<KvDtype>{KvDtype::f16, KvDtype::q8, KvDtype::q4});
   CHECK_THROWS_WITH(fd::parse_kv_dtype_list("f16,fp8"),
                     "--kv-dtype must list f16, int8 (q8) or int4 (q4), not 'fp8'.");
 }
@@ -50,7 +51,7 @@ TEST_CASE("fastdecode-node takes the KV formats by either name", "[options]") {
   using fd::kernels::KvDtype;
   CHECK(parse({"--kv-dtype", "int8"}).local.kv_dtype == KvDtype::q8);
   CHECK(parse({"--kv-dtype", "q4"}).local.kv_dtype == KvDtype::q4);
-  CHECK_THROWS_WITH(parse({"--kv-dtype", "int2"}), "--kv-dtype must be f16, int8 or int4, not 'int2'");
+  CHECK_THROWS_WITH(parse({"--kv-dtype", "int2"}), "--kv-dtype must be f16, int8 (q8) or int4 (q4), not 'int2'");
 }
 
 TEST_CASE("cpu nodes take their KV memory at start, --role all as rows are written, unless told", "[options]") {

@@ -21,7 +21,8 @@ std::vector<kernels::KvDtype> parse_kv_dtype_list(const std::string& text) {
   std::vector<kernels::KvDtype> out;
   for (const std::string& item : split_list(text, "kv-dtype")) {
     kernels::KvDtype d;
-    if (!kernels::parse_kv_dtype(item, &d)) throw Error("--kv-dtype must list f16, int8 (q8) or int4 (q4), not '" + item + "'.");
+    if (!kernels::parse_kv_dtype(item, &d))
+      throw Error("--kv-dtype must list f16, int8 (q8) or int4 (q4), not '" + item + "'.");
     out.push_back(d);
   }
   return out;

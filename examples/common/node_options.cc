@@ -116,7 +116,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
       ("timeout", po::value(&timeout_s)->default_value(60), "seconds per S-part or R-part request")
       ("threads", po::value(&a.local.attn_threads)->default_value(0),
        "attention threads of this node, shared by its shards (0: all cores; at most the cores)")
-      ("kv-dtype", po::value(&kv_dtype)->default_value("f16"), "KV-cache format: f16, int8 or int4")
+      ("kv-dtype", po::value(&kv_dtype)->default_value("f16"), "KV-cache format: f16, int8 (q8) or int4 (q4)")
       ("block-tokens", po::value(&a.local.block_tokens)->default_value(64),
        "gpu/all: tokens per KV-cache page (cpu nodes take the gpu node's)")
       ("caf-threads", po::value(&a.threads)->default_value(2), "actor scheduler threads")
@@ -181,7 +181,7 @@ bool parse_node_args(int argc, const char* const* argv, NodeArgs& a) {
   if (a.role == "cpu" && !vm["block-tokens"].defaulted())
     throw Error("--block-tokens is set on the gpu node; a cpu node takes its page size when it joins");
   if (!kernels::parse_kv_dtype(kv_dtype, &a.local.kv_dtype))
-    throw Error("--kv-dtype must be f16, int8 or int4, not '" + kv_dtype + "'");
+    throw Error("--kv-dtype must be f16, int8 (q8) or int4 (q4), not '" + kv_dtype + "'");
   if (a.gemm_threads < 0) throw Error("--gemm-threads must be >= 0");
   if (a.gemm_threads == 0)
     a.gemm_threads = std::max(1, cores / a.local.pipeline);
