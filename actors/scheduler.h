@@ -1,7 +1,7 @@
 // Scheduler: admits generation requests, places each sequence on a shard that can hold it
 // (better_place: fewest pages of its mini-batch, then least KV in use), feeds the micro-batch,
-// and answers each request when its sequence leaves. Shards may join, leave or die at any time; their sequences are re-placed and
-// re-prefilled.
+// and answers each request when its sequence leaves. Shards may join, leave or die at any time;
+// their sequences are re-placed and re-prefilled.
 #pragma once
 #include <vector>
 

@@ -248,23 +248,27 @@ const KvFormat& kv_format(KvDtype dtype) {
 
 const char* kv_dtype_name(KvDtype dtype) { return kv_format(dtype).name(); }
 
+namespace {
+
+// fastdecode-node's name for a quantized format; null for f16.
+const char* kv_dtype_alias(KvDtype dtype) {
+  return dtype == KvDtype::q8 ? "int8" : dtype == KvDtype::q4 ? "int4" : nullptr;
+}
+
+}  // namespace
+
 std::string kv_dtype_label(KvDtype dtype) {
-  switch (dtype) {
-    case KvDtype::q8: return "q8 (int8)";
-    case KvDtype::q4: return "q4 (int4)";
-    default: return kv_dtype_name(dtype);
-  }
+  const char* alias = kv_dtype_alias(dtype);
+  return alias ? std::string(kv_dtype_name(dtype)) + " (" + alias + ")" : kv_dtype_name(dtype);
 }
 
 bool parse_kv_dtype(const std::string& s, KvDtype* dtype) {
-  for (KvDtype d : kKvDtypes)
-    if (s == kv_dtype_name(d)) {
+  for (KvDtype d : kKvDtypes) {
+    const char* alias = kv_dtype_alias(d);
+    if (s == kv_dtype_name(d) || (alias && s == alias)) {
       *dtype = d;
       return true;
     }
-  if (s == "int8" || s == "int4") {
-    *dtype = s == "int8" ? KvDtype::q8 : KvDtype::q4;
-    return true;
   }
   return false;
 }

@@ -210,15 +210,15 @@ int run_cpu_role(const NodeArgs& args) {
                });
   KvStoreConfig store{shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_tokens,
                       args.local.kv_memory, args.local.kv_dtype};
-  if (!args.kv_memory_given && shape.max_seqs > 0) {
-    // Without --kv-memory each shard holds what the gpu node's run can place on it, up to the
-    // default: a small model does not take the default's memory.
+  if (!args.kv_memory_given) {
+    // Each shard holds what the gpu node's run can place on it, up to the default: a small model
+    // does not take the default's memory.
     store.capacity_bytes = kv_memory_for(store, shape.max_seqs, shape.seq_tokens, args.local.kv_memory);
     std::cerr << "cpu node " << name << ": KV-cache of " << format_bytes(store.capacity_bytes)
               << " per shard, for " << shape.max_seqs << " sequences of up to " << shape.seq_tokens
               << " tokens (at most " << format_bytes(args.local.kv_memory) << "; --kv-memory sets it)\n";
+    check_kv_memory(store.capacity_bytes, args.local.shards);
   }
-  if (!args.kv_memory_given) check_kv_memory(store.capacity_bytes, args.local.shards);
   add_shards reg;
   reg.token = args.token;
   reg.run_id = shape.run_id;

@@ -166,7 +166,7 @@ cpu_node() {
   shift 2
   local memory=(--kv-memory 128MiB)
   [[ " $* " == *" --kv-memory "* ]] && memory=()
-  start "$name" "$NODE" --role cpu --join "127.0.0.1:$port" --name "$name" "${memory[@]}" "$@"
+  cpu_node_sized "$name" "$port" "${memory[@]}" "$@"
 }
 
 # cpu_node_sized NAME PORT [EXTRA...]: a cpu node without --kv-memory, which sizes its KV-cache
