@@ -236,9 +236,9 @@ HWY_INLINE size_t CountPasses(size_t n, size_t step) {
 // rows.Load(d, t, c) gives elements [c, c + Lanes(d)) of value row t as fp32: CB chunks per pass
 // so that each weight broadcast feeds CB independent FMA chains.
 // w: [NQ][>= n] softmax weights; acc: [NQ][>= c + CB * L]. fetch.Next() is called before every
-// kFetchRows rows: the next rows' prefetch then trickles out instead of leaving in one burst per
-// pass (see AttendBlock).
-constexpr int kFetchRows = 4;
+// row, so that the next rows' prefetch trickles out a line or two at a time (see AttendBlock);
+// rows are unrolled kUnrollRows at a time.
+constexpr int kUnrollRows = 4;
 
 template <int NQ, int CB, class Rows, class D, class WRow, class AccRow, class Fetch>
 HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const WRow* w, size_t c,
@@ -261,17 +261,21 @@ HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const 
       for (int b = 0; b < CB; ++b) a[b][j] = hn::MulAdd(wt, v[b], a[b][j]);
     }
   };
-  // kFetchRows rows per step, unrolled: row by row, the counters, the prefetch test and the
-  // branches took 5 instructions per 8 FMAs at four queries per kv head, and one core read hd64
-  // GQA 4 (L2-hot) at 7.4 GB/s against 8.6 now.
+  // kUnrollRows rows per step, unrolled: row by row, the counters and the branches took 5
+  // instructions per 8 FMAs at four queries per kv head, and one core read hd64 GQA 4 (L2-hot) at
+  // 7.4 GB/s against 8.6 unrolled.
   int t = 0;
-  for (; t + kFetchRows <= n; t += kFetchRows) {
-    fetch.Next();
+  for (; t + kUnrollRows <= n; t += kUnrollRows) {
 #pragma GCC unroll 4
-    for (int u = 0; u < kFetchRows; ++u) row(t + u);
+    for (int u = 0; u < kUnrollRows; ++u) {
+      fetch.Next();
+      row(t + u);
+    }
   }
-  if (t < n) fetch.Next();
-  for (; t < n; ++t) row(t);
+  for (; t < n; ++t) {
+    fetch.Next();
+    row(t);
+  }
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 8

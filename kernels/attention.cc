@@ -77,29 +77,6 @@ HWY_INLINE size_t FetchAheadBytes() {
   return __builtin_cpu_is("amd") && HWY_TARGET > HWY_AVX3 ? size_t(32) << 10 : size_t(16) << 10;
 }
 
-// Visits beyond the fetched one whose 4 KiB pages TouchPages starts early, off AMD, for head
-// blocks fetched into L1 (hd64 at 64-token blocks): the L2 streamer, which stops at every page,
-// then has the rest of each page on its way before the visit's lines are fetched into L1. Intel
-// Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx 4096, batch 16, 4 layers), two builds in
-// one process, 40-50 alternating passes each, median ratio of adjacent passes: hd64 GQA 4 1.037
-// and 1.054 (quartiles 1.003-1.073, 1.011-1.114; 1 or 3 visits, or 3 lines a page, 1.032-1.039,
-// prefetcht2 1.022), GQA 1 1.066 and 1.045, ctx 512 batch 64 GQA 4 1.008; hd128, whose fetch goes
-// to L2 already (WideHeadFetch), GQA 4 0.972, GQA 1 1.028.
-HWY_INLINE int PageTouchVisits(size_t head_bytes) {
-  return !__builtin_cpu_is("amd") && FourHeadBlocksFitL1(head_bytes) ? 2 : 0;
-}
-
-// Fetches the first two lines of each 4 KiB page of [p, p + bytes) that lie in the range into L2:
-// two ascending misses start the L2 streamer on the page.
-HWY_INLINE void TouchPages(const uint8_t* p, size_t bytes) {
-  constexpr uintptr_t kPage = 4096;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
-  for (uintptr_t at = begin & ~uintptr_t(63); at < end; at = (at & ~(kPage - 1)) + kPage) {
-    __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 2);  // prefetcht1
-    if (at + 64 < end) __builtin_prefetch(reinterpret_cast<const void*>(at + 64), 0, 2);
-  }
-}
-
 // How a tile's share of the next visit's rows is cut between its phases: tenths of the K and of
 // the V fetched while its keys are scored and while its softmax is folded; the rest of each while
 // its values are summed. own_values: the V fetched is the tile's own visit's, not the next one's.
@@ -320,15 +297,14 @@ constexpr int KeyVectors() {
   return VectorsPerPass(HWY_TARGET <= HWY_AVX3 ? 16 : 8, NQ, static_cast<int>(kTileT / hn::MaxLanes(D())));
 }
 
-// Dimensions per prefetch step of a scoring pass.
-constexpr size_t kFetchDims = 8;
-
 // Keys of a sealed block of bt keys that fill whole key groups.
 HWY_INLINE size_t GroupedKeys(size_t bt) { return bt / kF16KeyGroup * kF16KeyGroup; }
 
 // s[j][t, t + W * L) = q_j . k for the W * L keys from key `key` of a sealed block whose kv head's
-// keys start at kt (in full key groups, [head_dim][16] each). fetch.Next() is called every
-// kFetchDims dimensions.
+// keys start at kt (in full key groups, [head_dim][16] each). fetch.Next() is called before every
+// dimension, so that the next visit's rows leave a line or two at a time: on an Intel Xeon
+// (AVX-512 FP16), from memory, bursts of 2 to 16 prefetches read 0.56-0.74x as fast as one a line
+// (a sum of fp16 lines with attention's arithmetic per byte, one core).
 template <int NQ, int W, class D, class Fetch>
 HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t key, size_t bt,
                                 const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT],
@@ -352,14 +328,11 @@ HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t key
       for (int w = 0; w < W; ++w) a[w * NQ + j] = hn::MulAdd(qv, k[w], a[w * NQ + j]);
     }
   };
-  size_t i = 0;
-  for (; i + kFetchDims <= hd; i += kFetchDims) {
-    fetch.Next();
 #pragma GCC unroll 8
-    for (size_t u = 0; u < kFetchDims; ++u) dim(i + u);
+  for (size_t i = 0; i < hd; ++i) {
+    fetch.Next();
+    dim(i);
   }
-  if (i < hd) fetch.Next();
-  for (; i < hd; ++i) dim(i);
 #pragma GCC unroll 16
   for (int w = 0; w < W; ++w)
 #pragma GCC unroll 16
@@ -372,7 +345,7 @@ HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd) 
   const size_t L = hn::Lanes(d);
   size_t passes = 0;
   ForEachKeyPass<KeyVectors<NQ, D>()>(0, tb, n, GroupedKeys(bt), L, [&](size_t, auto) { ++passes; }, [](size_t) {});
-  return passes * ((hd + kFetchDims - 1) / kFetchDims);
+  return passes * hd;
 }
 
 // s[j][t] = q_j . k_(tb + t) for the keys t in [0, n) of a tile (kt: the kv head's sealed keys).
@@ -511,12 +484,17 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     FetchBoth while_folding{PacedPrefetch(kn, k_cut0, k_cut, used / LT, st.fetch_to),
                             PacedPrefetch(vf, v_cut0, v_cut, used / LT, st.fetch_to)};
     SoftmaxFoldTiles<NQ>(dt, d, st.s, n, used, st.m, st.l, st.acc, hd, while_folding);
-    // Paced every kFetchRows rows of each pass. With one slice per pass, up to 32 lines left at
-    // once, and the loads stalled behind them. AMD EPYC (Zen 3), 2 threads, ctx 512/4096 x batch
-    // 16/64, A/B medians of 5: GQA 1 read 0.88-0.97 of the stream bandwidth instead of 0.70-0.91,
-    // GQA 4 0.66-0.78 instead of 0.54-0.60 (hd128 GQA 4 11.2-11.6 -> 13.5-14.4 GB/s). Every row
-    // cost GQA 4 hd128 20 % against every fourth.
-    const size_t value_steps = CountPasses<CB, 4>(hd, L) * static_cast<size_t>((n + kFetchRows - 1) / kFetchRows);
+    // Paced every row of each pass, as the keys are every dimension (ScoreKeyVectors). With one
+    // slice per pass, up to 32 lines left at once, and the loads stalled behind them. AMD EPYC (Zen
+    // 3), 2 threads, ctx 512/4096 x batch 16/64, A/B medians of 5: GQA 1 read 0.88-0.97 of the
+    // stream bandwidth instead of 0.70-0.91, GQA 4 0.66-0.78 instead of 0.54-0.60 (hd128 GQA 4
+    // 11.2-11.6 -> 13.5-14.4 GB/s); there a prefetch test before every row, not unrolled, had cost
+    // hd128 GQA 4 20 % against every fourth row (see kUnrollRows). Intel Xeon (AVX-512 FP16), ctx
+    // 4096, batch 16, every row and dimension against every fourth row and eighth dimension (with
+    // hd64's page touches, which it drops): one core each, two copies at once, cores swapped, hd64
+    // GQA 1 1.23x as fast, GQA 4 1.16x, hd128 GQA 1 1.09x, GQA 4 1.01x; 2 threads, 3 alternating
+    // runs, GB/s ratios 1.02-1.20x (hd128 GQA 4 0.98-1.13x). AMD not measured since.
+    const size_t value_steps = CountPasses<CB, 4>(hd, L) * static_cast<size_t>(n);
     FetchBoth next_values{PacedPrefetch(kn, k_cut, rows_end, value_steps, st.fetch_to),
                           PacedPrefetch(vf, v_cut, rows_end, value_steps, st.fetch_to)};
     const auto add_values = [&](const auto& rows) HWY_ATTR {
@@ -550,13 +528,7 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
   }
   // Visits ahead whose rows are fetched: about FetchAheadBytes() of K and V, one at least.
   const int ahead = visits_ahead(FetchAheadBytes(), head_bytes);
-  const int touch_beyond = PageTouchVisits(head_bytes);
-  const int touch = touch_beyond > 0 ? ahead + touch_beyond : 0;  // visits ahead whose pages are touched
-  for_each_block_visit(blocks, n_tiles, ahead, touch, [&](int i, size_t b, int ai, size_t ab, int ti, size_t tb) {
-    if (ti >= 0) {
-      TouchPages(Bytes(kv.k[tb]) + st[ti].head_off, head_bytes);
-      TouchPages(Bytes(kv.v[tb]) + st[ti].head_off, head_bytes);
-    }
+  for_each_block_visit(blocks, n_tiles, ahead, [&](int i, size_t b, int ai, size_t ab) {
     // Fetched for every tile, also for one query per kv head, which computes so little per
     // byte that its speed is how well the reads are prefetched. On AMD EPYC (Zen 3), 2 threads,
     // ctx 512-4096, batch 16-64, A/B medians of 3: GQA 1 read 0.73-1.03 of the stream bandwidth

@@ -1328,7 +1328,7 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
   const GroupShape gs = GroupShapeOf<kQ4>(head_bytes, bt, hd);
   // About kPrefetchBytes of K and V in flight: small heads (q4 hd64) are fetched further ahead.
   const int ahead = visits_ahead(kPrefetchBytes, head_bytes);
-  for_each_block_visit(blocks, n_tiles, ahead, 0, [&](int i, size_t b, int ai, size_t ab, int, size_t) {
+  for_each_block_visit(blocks, n_tiles, ahead, [&](int i, size_t b, int ai, size_t ab) {
     const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
     const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
     AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, gs, b, hd, st[i], kn, vn);

@@ -90,11 +90,10 @@ inline int visits_ahead(size_t ahead_bytes, size_t head_bytes) {
 // The block-major order in which a group of tiles reads its blocks: for each block, every tile
 // whose keys reach it (tile i reads blocks [0, blocks[i])). A block holds the K (and the V) of all
 // kv heads side by side, so this order reads them as one run of memory. Calls
-// visit(i, b, ahead_i, ahead_b, touch_i, touch_b) for each visit, where (ahead_i, ahead_b) is the
-// visit `lookahead` steps later, the rows to prefetch, and (touch_i, touch_b) the one `touch`
-// steps later, the pages to touch (each _i < 0 when there is none; touch 0: none).
+// visit(i, b, ahead_i, ahead_b) for each visit, where (ahead_i, ahead_b) is the visit `lookahead`
+// steps later, the rows to prefetch (ahead_i < 0 when there is none).
 template <class Visit>
-void for_each_block_visit(const size_t* blocks, int n, int lookahead, int touch, const Visit& visit) {
+void for_each_block_visit(const size_t* blocks, int n, int lookahead, const Visit& visit) {
   size_t max_blocks = 0;
   for (int i = 0; i < n; ++i) max_blocks = blocks[i] > max_blocks ? blocks[i] : max_blocks;
   const auto next = [&](int& i, size_t& b) {
@@ -109,15 +108,13 @@ void for_each_block_visit(const size_t* blocks, int n, int lookahead, int touch,
   int i = -1;
   size_t b = 0;
   if (max_blocks == 0 || !next(i, b)) return;
-  int ai = i, ti = i;
-  size_t ab = b, tb = b;
-  bool ahead = true, touching = touch > 0;
+  int ai = i;
+  size_t ab = b;
+  bool ahead = true;
   for (int d = 0; d < lookahead && ahead; ++d) ahead = next(ai, ab);
-  for (int d = 0; d < touch && touching; ++d) touching = next(ti, tb);
   do {
-    visit(i, b, ahead ? ai : -1, ab, touching ? ti : -1, tb);
+    visit(i, b, ahead ? ai : -1, ab);
     if (ahead) ahead = next(ai, ab);
-    if (touching) touching = next(ti, tb);
   } while (next(i, b));
 }
 
