@@ -501,7 +501,8 @@ constexpr int Q4KeyVectors() {
 // s[j][col + w * K + i] = score of query j against key `key` + w * K + i of a q4 head block (keys
 // at `data`, scales at `scales`, kv_format.h) for W vectors of K = Lanes(d32) keys, which lie in
 // one key group each. A vector holds four bytes of K keys, so every int32 lane of the dot
-// products sums into one key: no horizontal sums. fetch.Next() once per scale group.
+// products sums into one key: no horizontal sums. fetch.Next() before every step of 8 elements,
+// so that the fetch leaves a line or two at a time (see ScoreKeyVectors, kernels/attention.cc).
 // kGfni: the high nibbles by vgf2p8affineqb (KeyNibblesByGfni).
 template <int NP, int W, bool kGfni, class D8, class Fetch>
 HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* scales, size_t key, size_t hd,
@@ -537,7 +538,6 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
   };
 #endif
   for (size_t g = 0; g < groups; ++g) {
-    fetch.Next();
 #if FD_X86_VNNI
     hn::Vec<decltype(d32)> a[W][NP];  // the group's sums, from its nibble offset
 #pragma GCC unroll 4
@@ -564,6 +564,7 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
 #endif
     for (size_t i = 0; i < 4; ++i) {
       const size_t step = 4 * g + i;
+      fetch.Next();
 #pragma GCC unroll 8
       for (int w = 0; w < W; ++w) {
         const auto b = hn::LoadU(d8, k0[w] + step * 4 * kQ4KeyGroup);
@@ -629,7 +630,7 @@ HWY_NOINLINE void ScoreTileQ4(D8 d8, const uint8_t* data, const uint16_t* scales
   const std::integral_constant<int, (NQ < kQ4PassQ ? NQ : kQ4PassQ)> first;
   size_t passes = 0;
   walk(first, [&](size_t, auto) { ++passes; });
-  FetchBoth fetch = next.Phase(0, passes * (hd / 32));  // Next() once per scale group
+  FetchBoth fetch = next.Phase(0, passes * (hd / 8));  // Next() once per step
   score(first, 0, fetch);
   if constexpr (NQ > kQ4PassQ) {
     NoFetch none;
@@ -1017,10 +1018,11 @@ constexpr int kQ4Int16Quads = 8;
 
 // The same for the quads [k0, k1) of q4 value quads [n_quads][groups][16][4] bytes (nibbles taken
 // as nibble - 8), weights tw per query and group. A unit is 4L bytes of one group: its low
-// nibbles are elements [32g + j0, + L), its high nibbles [32g + 16 + j0, + L).
-template <int NQ, int CU, class DF>
+// nibbles are elements [32g + j0, + L), its high nibbles [32g + 16 + j0, + L). fetch.Next() before
+// every quad.
+template <int NQ, int CU, class DF, class Fetch>
 HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, int k0, int k1,
-                                  const TileWeights<NQ>& tw, size_t u0, float (*acc)[kMaxHeadDim]) {
+                                  const TileWeights<NQ>& tw, size_t u0, float (*acc)[kMaxHeadDim], Fetch& fetch) {
   const hn::RebindToSigned<DF> d32;
   const hn::Repartition<uint8_t, decltype(d32)> d8;
   using VI = hn::Vec<decltype(d32)>;
@@ -1049,6 +1051,7 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) a[u][0][j] = a[u][1][j] = hn::Zero(hn::DFromV<VA>());
   for (int k = k0; k < k1; ++k) {
+    fetch.Next();
     const uint8_t* quad = quads + static_cast<size_t>(k) * groups * 64;
     VI lo[CU], hi[CU];
 #pragma GCC unroll 8
@@ -1279,13 +1282,11 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
 #else
       constexpr int kRun = kTileT / 4;
 #endif
-      const int runs = (n_quads + kRun - 1) / kRun;
-      FetchBoth fetch = next.Phase(2, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(runs));
+      FetchBoth fetch = next.Phase(2, CountPasses<CQ, 2>(units, 1) * static_cast<size_t>(n_quads));
       for (int k0 = 0; k0 < n_quads; k0 += kRun) {
         ForEachPass<CQ, 2>(units, 1, [&](size_t u, auto width) {
-          fetch.Next();
           AccumulateQuadsQ4<NQ, decltype(width)::value>(df, quads, groups, k0, std::min(n_quads, k0 + kRun), tw, u,
-                                                        st.acc);
+                                                        st.acc, fetch);
         });
       }
     } else {
