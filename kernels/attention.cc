@@ -102,6 +102,13 @@ constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
 // {5, 2, 3, 3} 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06, {6, 2, 3, 3}
 // 1.04; 11 splits with none read 0.85-1.04.
 constexpr FetchSplit kFetchInAllPhases = {4, 2, 3, 3};
+// Off AMD, for head blocks fetched into L1 (hd64 at 64-token blocks) at two to four queries: half
+// of the K and of the V while scoring and the other half while summing, none in the fold, whose few
+// steps fetched in bursts. Intel Xeon (AVX-512 FP16), from memory (ctx 4096, batch 16), after
+// the fetch was paced every dimension and row, one core each, two copies at once, cores swapped,
+// 2 pairs against kFetchInAllPhases: hd64 GQA 2 1.078x and 1.081x as fast, GQA 4 1.051x and
+// 1.054x; GQA 1 0.974x and 0.985x and hd128 GQA 4 0.961x and 0.965x, which keep it.
+constexpr FetchSplit kFetchAroundFold = {5, 0, 5, 0};
 // On AMD with AVX-512 (Zen 4, not measured, and Zen 5), for tiles of any number of queries: three
 // tenths of both the K and the V while scoring, two while folding and the other half while summing.
 // AMD EPYC (Zen 5), from memory, fetching one visit ahead (FetchAheadBytes), one build switching
@@ -141,7 +148,8 @@ HWY_INLINE FetchSplit FetchSplitFor(int nq, size_t head_bytes, FetchTo to, KvLay
     return wide_into_l1 && nq >= 2 && nq <= 4 ? kFetchOwnValues : kFetchSpread;
   }
   if (nq > 4) return kFetchOutsideFold;
-  return amd ? kFetchWhileFolding : kFetchInAllPhases;
+  if (amd) return kFetchWhileFolding;
+  return nq >= 2 && to == FetchTo::kL1 ? kFetchAroundFold : kFetchInAllPhases;
 }
 
 // prefetchnta on AMD, prefetcht1 elsewhere. fastdecode-bench attention --head-dim 128 --kv-dtype
