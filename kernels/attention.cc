@@ -93,8 +93,9 @@ struct FetchSplit {
 // 1.03-1.05x. GQA 8 read 0.97x as fast, so tiles of more queries keep {10, 0, 0, 0}.
 constexpr FetchSplit kFetchWhileFolding = {7, 3, 0, 3};
 constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
-// Off AMD, for tiles of up to four queries: a share of both the K and the V in every phase (on AMD
-// with AVX-512 see kFetchSpread below). Intel Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx
+// Off AMD, for tiles of one query, and of up to four whose head blocks are fetched into L2 (hd128;
+// hd64 at two to four queries takes kFetchAroundFold): a share of both the K and the V in every
+// phase (on AMD with AVX-512 see kFetchSpread below). Intel Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx
 // 4096 batch 16, 4 layers, 537 MB), two builds in one process, 30 alternating passes each, median
 // ratio of adjacent passes against {7, 3, 3, 3} (which had read 1.03-1.10x as fast as {7, 3, 0, 3}
 // at GQA 4 there): hd64 GQA 4 1.076 (quartiles 1.06-1.09), GQA 1 1.078, hd128 GQA 4 1.098, GQA 1
