@@ -165,6 +165,7 @@ enum class FetchTo { kL1, kL2, kNonTemporal };
 // A fetch (PacedPrefetch's interface) that fetches nothing: its calls compile to nothing.
 struct NoFetch {
   HWY_INLINE void Next() {}
+  HWY_INLINE void Fine() {}
 };
 
 // Fetches bytes [begin, end) after base into the cache over `slices` calls of Next(), the same
@@ -197,12 +198,18 @@ class PacedPrefetch {
 };
 
 // The next visit's K and V fetched together, each over the same `slices` calls of Next(), paced
-// by one phase of a tile.
+// by one phase of a tile. A loop over key dimensions or value rows calls Next() once per step of
+// a few (kFetchDims, kUnrollRows) and Fine() at the others, which fetches only when `fine`: then
+// the phase's slices count every dimension or row (see PaceEveryLine).
 struct FetchBoth {
   PacedPrefetch k, v;
+  bool fine = false;
   HWY_INLINE void Next() {
     k.Next();
     v.Next();
+  }
+  HWY_INLINE void Fine() {
+    if (fine) Next();
   }
 };
 
@@ -236,9 +243,13 @@ HWY_INLINE size_t CountPasses(size_t n, size_t step) {
 // rows.Load(d, t, c) gives elements [c, c + Lanes(d)) of value row t as fp32: CB chunks per pass
 // so that each weight broadcast feeds CB independent FMA chains.
 // w: [NQ][>= n] softmax weights; acc: [NQ][>= c + CB * L]. fetch.Next() is called before every
-// row, so that the next rows' prefetch trickles out a line or two at a time (see AttendBlock);
-// rows are unrolled kUnrollRows at a time.
+// kUnrollRows rows and fetch.Fine() before the others (see AttendBlock); ValueFetchSteps counts
+// the steps.
 constexpr int kUnrollRows = 4;
+
+HWY_INLINE size_t ValueFetchSteps(int n, bool fine) {
+  return static_cast<size_t>(fine ? n : (n + kUnrollRows - 1) / kUnrollRows);
+}
 
 template <int NQ, int CB, class Rows, class D, class WRow, class AccRow, class Fetch>
 HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const WRow* w, size_t c,
@@ -268,13 +279,18 @@ HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const 
   for (; t + kUnrollRows <= n; t += kUnrollRows) {
 #pragma GCC unroll 4
     for (int u = 0; u < kUnrollRows; ++u) {
-      fetch.Next();
+      if (u == 0) {
+        fetch.Next();
+      } else {
+        fetch.Fine();
+      }
       row(t + u);
     }
   }
-  for (; t < n; ++t) {
-    fetch.Next();
-    row(t);
+  if (t < n) fetch.Next();
+  for (int u = t; u < n; ++u) {
+    if (u > t) fetch.Fine();
+    row(u);
   }
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)

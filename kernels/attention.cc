@@ -184,6 +184,19 @@ HWY_INLINE FetchTo NarrowHeadFetch(int nq) {
   return __builtin_cpu_is("amd") && HWY_TARGET <= HWY_AVX3 && nq <= 4 ? FetchTo::kNonTemporal : FetchTo::kL1;
 }
 
+// Whether the next visit's rows are fetched before every key dimension and value row (FetchBoth's
+// Fine()), a line or two at a time, or before every kFetchDims dimensions and kUnrollRows rows.
+// Intel Xeon (AVX-512 FP16), from memory (ctx 4096, batch 16), one core each, two copies at once,
+// cores swapped: every line against the coarse steps (with hd64's page touches then) read hd64
+// GQA 1 1.23x as fast, GQA 4 1.16x, hd128 GQA 1 1.09x, GQA 4 1.01x; a sum of fp16 lines with
+// attention's arithmetic per byte (one core) read 0.56-0.74x as fast with bursts of 2 to 16
+// prefetches as with one a line. AMD EPYC (Zen 5) went the other way: 2 threads, from memory
+// (ctx 4096, batch 16 and 64), 3 alternating runs, fractions of the stream (medians, the stream at
+// 30-67 GB/s): every line read hd64 GQA 1 0.80-0.82 against 0.99-1.05 for the coarse steps, GQA 4
+// 0.62-0.63 against 0.76-0.80, hd128 GQA 1 0.63-0.68 against 0.77-0.93, GQA 4 0.57-0.59 against
+// 0.67-0.71 (e784be8, before every line: 0.88-0.91, 0.77-0.78, 0.80, 0.71-0.74).
+HWY_INLINE bool PaceEveryLine() { return !__builtin_cpu_is("amd"); }
+
 // Row readers: Load(d, t, c) returns elements [c, c + Lanes(d)) of row t of one kv head's key or
 // value block as fp32, for c a multiple of Lanes(d). Layouts are documented in kernels/kv_format.h.
 struct F16Rows {  // a block not yet full
@@ -309,11 +322,12 @@ constexpr int KeyVectors() {
 // Keys of a sealed block of bt keys that fill whole key groups.
 HWY_INLINE size_t GroupedKeys(size_t bt) { return bt / kF16KeyGroup * kF16KeyGroup; }
 
+// Dimensions per prefetch step of a scoring pass: fetch.Next() before the first of them and
+// fetch.Fine() before the others.
+constexpr size_t kFetchDims = 8;
+
 // s[j][t, t + W * L) = q_j . k for the W * L keys from key `key` of a sealed block whose kv head's
-// keys start at kt (in full key groups, [head_dim][16] each). fetch.Next() is called before every
-// dimension, so that the next visit's rows leave a line or two at a time: on an Intel Xeon
-// (AVX-512 FP16), from memory, bursts of 2 to 16 prefetches read 0.56-0.74x as fast as one a line
-// (a sum of fp16 lines with attention's arithmetic per byte, one core).
+// keys start at kt (in full key groups, [head_dim][16] each), fetching as kFetchDims says.
 template <int NQ, int W, class D, class Fetch>
 HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t key, size_t bt,
                                 const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT],
@@ -337,10 +351,22 @@ HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t key
       for (int w = 0; w < W; ++w) a[w * NQ + j] = hn::MulAdd(qv, k[w], a[w * NQ + j]);
     }
   };
+  size_t i = 0;
+  for (; i + kFetchDims <= hd; i += kFetchDims) {
 #pragma GCC unroll 8
-  for (size_t i = 0; i < hd; ++i) {
-    fetch.Next();
-    dim(i);
+    for (size_t u = 0; u < kFetchDims; ++u) {
+      if (u == 0) {
+        fetch.Next();
+      } else {
+        fetch.Fine();
+      }
+      dim(i + u);
+    }
+  }
+  if (i < hd) fetch.Next();
+  for (size_t u = i; u < hd; ++u) {
+    if (u > i) fetch.Fine();
+    dim(u);
   }
 #pragma GCC unroll 16
   for (int w = 0; w < W; ++w)
@@ -350,11 +376,11 @@ HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t key
 
 // Prefetch steps of ScoreKeys for a tile.
 template <int NQ, class D>
-HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd) {
+HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd, bool fine) {
   const size_t L = hn::Lanes(d);
   size_t passes = 0;
   ForEachKeyPass<KeyVectors<NQ, D>()>(0, tb, n, GroupedKeys(bt), L, [&](size_t, auto) { ++passes; }, [](size_t) {});
-  return passes * hd;
+  return passes * (fine ? hd : (hd + kFetchDims - 1) / kFetchDims);
 }
 
 // s[j][t] = q_j . k_(tb + t) for the keys t in [0, n) of a tile (kt: the kv head's sealed keys).
@@ -404,6 +430,7 @@ struct TileState {
   // instead read hd128 GQA 4 5 % slower (1063-1087 against 1135-1144 tokens/s, A/B).
   FetchTo fetch_to = FetchTo::kL1;
   FetchSplit split = kFetchOutsideFold;  // set once per tile, as fetch_to
+  bool fine_fetch = false;                // PaceEveryLine()
 };
 
 template <int NQ>
@@ -422,6 +449,7 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, KvLayout layout
   st.head_off = static_cast<size_t>(kv_head) * kv_head_stride(layout, head_bytes);
   st.fetch_to = FourHeadBlocksFitL1(head_bytes) ? NarrowHeadFetch(NQ) : WideHeadFetch(NQ);
   st.split = FetchSplitFor(NQ, head_bytes, st.fetch_to, layout);
+  st.fine_fetch = PaceEveryLine();
 }
 
 // Streaming softmax over the visible keys of block b, in tiles of kTileT: per tile, score every
@@ -478,9 +506,9 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     const size_t v_cut0 = CutTenths(rows_begin, rows_end, split.value_tenths_scoring);
     const size_t v_cut = CutTenths(rows_begin, rows_end, split.value_tenths_scoring + split.value_tenths_folding);
     const size_t scoring_steps =
-        sealed ? ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd) : TileRowSteps<NQ>(n);
+        sealed ? ScoreKeySteps<NQ>(dt, tb, static_cast<size_t>(n), bt, hd, st.fine_fetch) : TileRowSteps<NQ>(n);
     FetchBoth while_scoring{PacedPrefetch(kn, rows_begin, k_cut0, scoring_steps, st.fetch_to),
-                            PacedPrefetch(vf, rows_begin, v_cut0, scoring_steps, st.fetch_to)};
+                            PacedPrefetch(vf, rows_begin, v_cut0, scoring_steps, st.fetch_to), st.fine_fetch};
     if (sealed) {
       ScoreKeys<NQ>(dt, kt, tb, static_cast<size_t>(n), bt, st.qs, hd, st.s, while_scoring);
     } else {
@@ -493,19 +521,15 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     FetchBoth while_folding{PacedPrefetch(kn, k_cut0, k_cut, used / LT, st.fetch_to),
                             PacedPrefetch(vf, v_cut0, v_cut, used / LT, st.fetch_to)};
     SoftmaxFoldTiles<NQ>(dt, d, st.s, n, used, st.m, st.l, st.acc, hd, while_folding);
-    // Paced every row of each pass, as the keys are every dimension (ScoreKeyVectors). With one
-    // slice per pass, up to 32 lines left at once, and the loads stalled behind them. AMD EPYC (Zen
+    // Paced every kUnrollRows rows of each pass, or every row (PaceEveryLine), as the keys are. With
+    // one slice per pass, up to 32 lines left at once, and the loads stalled behind them. AMD EPYC (Zen
     // 3), 2 threads, ctx 512/4096 x batch 16/64, A/B medians of 5: GQA 1 read 0.88-0.97 of the
     // stream bandwidth instead of 0.70-0.91, GQA 4 0.66-0.78 instead of 0.54-0.60 (hd128 GQA 4
     // 11.2-11.6 -> 13.5-14.4 GB/s); there a prefetch test before every row, not unrolled, had cost
-    // hd128 GQA 4 20 % against every fourth row (see kUnrollRows). Intel Xeon (AVX-512 FP16), ctx
-    // 4096, batch 16, every row and dimension against every fourth row and eighth dimension (with
-    // hd64's page touches, which it drops): one core each, two copies at once, cores swapped, hd64
-    // GQA 1 1.23x as fast, GQA 4 1.16x, hd128 GQA 1 1.09x, GQA 4 1.01x; 2 threads, 3 alternating
-    // runs, GB/s ratios 1.02-1.20x (hd128 GQA 4 0.98-1.13x). AMD not measured since.
-    const size_t value_steps = CountPasses<CB, 4>(hd, L) * static_cast<size_t>(n);
+    // hd128 GQA 4 20 % against every fourth row (see kUnrollRows).
+    const size_t value_steps = CountPasses<CB, 4>(hd, L) * ValueFetchSteps(n, st.fine_fetch);
     FetchBoth next_values{PacedPrefetch(kn, k_cut, rows_end, value_steps, st.fetch_to),
-                          PacedPrefetch(vf, v_cut, rows_end, value_steps, st.fetch_to)};
+                          PacedPrefetch(vf, v_cut, rows_end, value_steps, st.fetch_to), st.fine_fetch};
     const auto add_values = [&](const auto& rows) HWY_ATTR {
       ForEachPass<CB, 4>(hd, L, [&](size_t c, auto width) {
         AccumulateRows<NQ, decltype(width)::value>(d, rows, tb, n, st.s, c, st.acc, next_values);
