@@ -113,7 +113,7 @@ class F16Format final : public KvFormatBase {
 class Q8Format final : public QuantFormatBase {
  public:
   KvDtype dtype() const override { return KvDtype::q8; }
-  const char* name() const override { return "q8"; }
+  const char* name() const override { return "int8"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim; }
   std::string head_dims() const override { return "head_dim 1 to " + std::to_string(kMaxHeadDim); }
   size_t head_block_bytes(int bt, int hd) const override {
@@ -170,7 +170,7 @@ class Q8Format final : public QuantFormatBase {
 class Q4Format final : public QuantFormatBase {
  public:
   KvDtype dtype() const override { return KvDtype::q4; }
-  const char* name() const override { return "q4"; }
+  const char* name() const override { return "int4"; }
   bool supports(int hd) const override { return hd > 0 && hd <= kMaxHeadDim && hd % 32 == 0; }
   std::string head_dims() const override {
     return "head_dim in multiples of 32 up to " + std::to_string(kMaxHeadDim);
@@ -250,9 +250,9 @@ const char* kv_dtype_name(KvDtype dtype) { return kv_format(dtype).name(); }
 
 namespace {
 
-// fastdecode-node's name for a quantized format; null for f16.
+// The short name of a quantized format, also accepted; null for f16.
 const char* kv_dtype_alias(KvDtype dtype) {
-  return dtype == KvDtype::q8 ? "int8" : dtype == KvDtype::q4 ? "int4" : nullptr;
+  return dtype == KvDtype::q8 ? "q8" : dtype == KvDtype::q4 ? "q4" : nullptr;
 }
 
 }  // namespace

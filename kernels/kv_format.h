@@ -117,10 +117,9 @@ const KvFormat& kv_format(KvDtype dtype);
 const char* kv_dtype_name(KvDtype dtype);
 // Every KvDtype.
 constexpr KvDtype kKvDtypes[] = {KvDtype::f16, KvDtype::q8, KvDtype::q4};
-// "f16", "q8 (int8)" or "q4 (int4)": the name and fastdecode-node's, for messages.
+// "f16", "int8 (q8)" or "int4 (q4)": the name and the short one, for messages.
 std::string kv_dtype_label(KvDtype dtype);
-// Parses "f16", "q8" or "q4", and "int8" or "int4" as q8 or q4 (fastdecode-node's names); false
-// for anything else.
+// Parses "f16", "int8" or "int4", and the short names "q8" and "q4"; false for anything else.
 bool parse_kv_dtype(const std::string& s, KvDtype* dtype);
 // "apart" or "side" (side by side), and back.
 const char* kv_layout_name(KvLayout layout);

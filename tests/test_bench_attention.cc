@@ -57,8 +57,8 @@ TEST_CASE("bench attention prints every case with consistent figures and its pag
       INFO(lines[i]);
       CHECK(json_field(lines[i], "gqa") == json_field(lines[i + 2], "gqa"));
       CHECK(json_string(lines[i], "kv_dtype") == "f16");
-      CHECK(json_string(lines[i + 1], "kv_dtype") == "q8");
-      CHECK(json_string(lines[i + 2], "kv_dtype") == "q4");
+      CHECK(json_string(lines[i + 1], "kv_dtype") == "int8");
+      CHECK(json_string(lines[i + 2], "kv_dtype") == "int4");
       CHECK(json_field(lines[i], "stream_gbps") == json_field(lines[i + 1], "stream_gbps"));
       CHECK(json_field(lines[i], "stream_gbps") == json_field(lines[i + 2], "stream_gbps"));
     }

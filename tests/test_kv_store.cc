@@ -536,8 +536,8 @@ TEST_CASE("KvStore with a quantized dtype encodes rows through its KvFormat", "[
   c.n_kv_heads = 1;
   c.head_dim = 8;
   c.dtype = KvDtype::q4;
-  CHECK_THROWS_WITH(fd::KvStore(c), "KV-cache format q4 (int4) cannot hold head_dim 8: it takes head_dim in "
-                                    "multiples of 32 up to 256; f16 or q8 (int8) can.");
+  CHECK_THROWS_WITH(fd::KvStore(c), "KV-cache format int4 (q4) cannot hold head_dim 8: it takes head_dim in "
+                                    "multiples of 32 up to 256; f16 or int8 (q8) can.");
   c.head_dim = 300;
   CHECK_THROWS_WITH(fd::KvStore(c), Catch::Contains("head_dim 300") && Catch::Contains("no KV-cache format can"));
 }

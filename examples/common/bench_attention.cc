@@ -76,7 +76,7 @@ bool parse_options(int argc, char** argv, BenchOptions& o) {
       ("ctx", po::value<std::string>()->default_value("128,512,2048,8192"), "context lengths (tokens)")
       ("batch", po::value<std::string>()->default_value("1,16,64,256,1024"), "sequences per call")
       ("kv-dtype", po::value<std::string>()->default_value("f16"),
-       "KV formats: f16,q8,q4 (q8 and q4 are also int8 and int4)")
+       "KV formats: f16,int8,int4 (or q8,q4)")
       ("threads", po::value<int>(&o.threads)->default_value(hw), "attention and stream threads")
       ("kv-heads", po::value<int>(&o.kv_heads)->default_value(8), "kv heads per sequence")
       ("block-tokens", po::value<int>(&o.block_tokens)->default_value(64), "tokens per KV page")

@@ -54,7 +54,7 @@ bool parse_options(int argc, char** argv, PrefillOptions& o) {
       ("head-dim", po::value<std::string>()->default_value("128"), "head sizes")
       ("gqa", po::value<std::string>()->default_value("4"), "query heads per kv head")
       ("kv-dtype", po::value<std::string>()->default_value("f16"),
-       "KV formats: f16,q8,q4 (q8 and q4 are also int8 and int4)")
+       "KV formats: f16,int8,int4 (or q8,q4)")
       ("threads", po::value<int>(&o.threads)->default_value(hw), "attention threads")
       ("kv-heads", po::value<int>(&o.kv_heads)->default_value(8), "kv heads per sequence")
       ("block-tokens", po::value<int>(&o.block_tokens)->default_value(64), "tokens per KV page")

@@ -14,7 +14,7 @@ std::vector<std::string> split_list(const std::string& text, const char* flag);
 std::vector<int> parse_int_list(const std::string& text, const char* flag, int lo = 1,
                                 int hi = 1 << 30);
 
-// KV formats named f16, q8 or q4; throws fd::Error naming --kv-dtype and the text otherwise.
+// KV formats named f16, int8 or int4 (or q8, q4); throws fd::Error naming --kv-dtype and the text otherwise.
 std::vector<kernels::KvDtype> parse_kv_dtype_list(const std::string& text);
 
 // Throws fd::Error("--flag must be lo to hi, not value") outside [lo, hi]. Thread and shard counts
