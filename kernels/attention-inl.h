@@ -198,9 +198,9 @@ class PacedPrefetch {
 };
 
 // The next visit's K and V fetched together, each over the same `slices` calls of Next(), paced
-// by one phase of a tile. A loop over key dimensions or value rows calls Next() once per step of
-// a few (kFetchDims, kUnrollRows) and Fine() at the others, which fetches only when `fine`: then
-// the phase's slices count every dimension or row (see PaceEveryLine).
+// by one phase of a tile. Key dimensions and value rows are walked by ForEachPaced, which calls
+// Next() once per step of a few and Fine() at the others; Fine() fetches only when `fine`, and
+// then the phase's slices count every dimension or row (see PaceEveryLine).
 struct FetchBoth {
   PacedPrefetch k, v;
   bool fine = false;
@@ -212,6 +212,35 @@ struct FetchBoth {
     if (fine) Next();
   }
 };
+
+// Calls body(i) for i in [0, n), unrolled in steps of Step, with fetch.Next() before the first
+// index of every step and fetch.Fine() before the others.
+template <size_t Step, class Fetch, class Body>
+HWY_INLINE void ForEachPaced(size_t n, Fetch& fetch, const Body& body) {
+  size_t i = 0;
+  for (; i + Step <= n; i += Step) {
+#pragma GCC unroll 8
+    for (size_t u = 0; u < Step; ++u) {
+      if (u == 0) {
+        fetch.Next();
+      } else {
+        fetch.Fine();
+      }
+      body(i + u);
+    }
+  }
+  for (size_t u = i; u < n; ++u) {
+    if (u == i) {
+      fetch.Next();
+    } else {
+      fetch.Fine();
+    }
+    body(u);
+  }
+}
+
+// The fetch steps (slices of a PacedPrefetch) that ForEachPaced makes over n in steps of `step`.
+HWY_INLINE size_t PacedSteps(size_t n, size_t step, bool fine) { return fine ? n : (n + step - 1) / step; }
 
 // The byte offset `tenths` tenths of the way from begin to end, down to a cache line (end itself
 // for 10): where a tile's phases cut their share [begin, end) of the next visit's rows.
@@ -242,14 +271,9 @@ HWY_INLINE size_t CountPasses(size_t n, size_t step) {
 // acc[j][c, c + CB * L) += sum over the n rows of w[j][t] * v_t[c, c + CB * L), where
 // rows.Load(d, t, c) gives elements [c, c + Lanes(d)) of value row t as fp32: CB chunks per pass
 // so that each weight broadcast feeds CB independent FMA chains.
-// w: [NQ][>= n] softmax weights; acc: [NQ][>= c + CB * L]. fetch.Next() is called before every
-// kUnrollRows rows and fetch.Fine() before the others (see AttendBlock); ValueFetchSteps counts
-// the steps.
-constexpr int kUnrollRows = 4;
-
-HWY_INLINE size_t ValueFetchSteps(int n, bool fine) {
-  return static_cast<size_t>(fine ? n : (n + kUnrollRows - 1) / kUnrollRows);
-}
+// w: [NQ][>= n] softmax weights; acc: [NQ][>= c + CB * L]. The rows are walked by ForEachPaced
+// in steps of kUnrollRows (see AttendBlock).
+constexpr size_t kUnrollRows = 4;
 
 template <int NQ, int CB, class Rows, class D, class WRow, class AccRow, class Fetch>
 HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const WRow* w, size_t c,
@@ -261,10 +285,10 @@ HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const 
   for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 8
     for (int b = 0; b < CB; ++b) a[b][j] = hn::Load(d, acc[j] + c + b * L);
-  const auto row = [&](int t) HWY_ATTR {
+  const auto row = [&](size_t t) HWY_ATTR {
     V v[CB];
 #pragma GCC unroll 8
-    for (int b = 0; b < CB; ++b) v[b] = rows.Load(d, row0 + static_cast<size_t>(t), c + b * L);
+    for (int b = 0; b < CB; ++b) v[b] = rows.Load(d, row0 + t, c + b * L);
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
       const V wt = hn::Set(d, w[j][t]);
@@ -275,23 +299,7 @@ HWY_INLINE void AccumulateRows(D d, const Rows& rows, size_t row0, int n, const 
   // kUnrollRows rows per step, unrolled: row by row, the counters and the branches took 5
   // instructions per 8 FMAs at four queries per kv head, and one core read hd64 GQA 4 (L2-hot) at
   // 7.4 GB/s against 8.6 unrolled.
-  int t = 0;
-  for (; t + kUnrollRows <= n; t += kUnrollRows) {
-#pragma GCC unroll 4
-    for (int u = 0; u < kUnrollRows; ++u) {
-      if (u == 0) {
-        fetch.Next();
-      } else {
-        fetch.Fine();
-      }
-      row(t + u);
-    }
-  }
-  if (t < n) fetch.Next();
-  for (int u = t; u < n; ++u) {
-    if (u > t) fetch.Fine();
-    row(u);
-  }
+  ForEachPaced<kUnrollRows>(static_cast<size_t>(n), fetch, row);
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 8

@@ -322,12 +322,11 @@ constexpr int KeyVectors() {
 // Keys of a sealed block of bt keys that fill whole key groups.
 HWY_INLINE size_t GroupedKeys(size_t bt) { return bt / kF16KeyGroup * kF16KeyGroup; }
 
-// Dimensions per prefetch step of a scoring pass: fetch.Next() before the first of them and
-// fetch.Fine() before the others.
+// Dimensions per prefetch step of a scoring pass (ForEachPaced).
 constexpr size_t kFetchDims = 8;
 
 // s[j][t, t + W * L) = q_j . k for the W * L keys from key `key` of a sealed block whose kv head's
-// keys start at kt (in full key groups, [head_dim][16] each), fetching as kFetchDims says.
+// keys start at kt (in full key groups, [head_dim][16] each), fetching in steps of kFetchDims.
 template <int NQ, int W, class D, class Fetch>
 HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t key, size_t bt,
                                 const float (*qs)[kMaxHeadDim], size_t hd, float (*s)[kTileT],
@@ -351,23 +350,7 @@ HWY_INLINE void ScoreKeyVectors(D d, const uint16_t* HWY_RESTRICT kt, size_t key
       for (int w = 0; w < W; ++w) a[w * NQ + j] = hn::MulAdd(qv, k[w], a[w * NQ + j]);
     }
   };
-  size_t i = 0;
-  for (; i + kFetchDims <= hd; i += kFetchDims) {
-#pragma GCC unroll 8
-    for (size_t u = 0; u < kFetchDims; ++u) {
-      if (u == 0) {
-        fetch.Next();
-      } else {
-        fetch.Fine();
-      }
-      dim(i + u);
-    }
-  }
-  if (i < hd) fetch.Next();
-  for (size_t u = i; u < hd; ++u) {
-    if (u > i) fetch.Fine();
-    dim(u);
-  }
+  ForEachPaced<kFetchDims>(hd, fetch, dim);
 #pragma GCC unroll 16
   for (int w = 0; w < W; ++w)
 #pragma GCC unroll 16
@@ -380,7 +363,7 @@ HWY_INLINE size_t ScoreKeySteps(D d, size_t tb, size_t n, size_t bt, size_t hd, 
   const size_t L = hn::Lanes(d);
   size_t passes = 0;
   ForEachKeyPass<KeyVectors<NQ, D>()>(0, tb, n, GroupedKeys(bt), L, [&](size_t, auto) { ++passes; }, [](size_t) {});
-  return passes * (fine ? hd : (hd + kFetchDims - 1) / kFetchDims);
+  return passes * PacedSteps(hd, kFetchDims, fine);
 }
 
 // s[j][t] = q_j . k_(tb + t) for the keys t in [0, n) of a tile (kt: the kv head's sealed keys).
@@ -527,7 +510,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     // stream bandwidth instead of 0.70-0.91, GQA 4 0.66-0.78 instead of 0.54-0.60 (hd128 GQA 4
     // 11.2-11.6 -> 13.5-14.4 GB/s); there a prefetch test before every row, not unrolled, had cost
     // hd128 GQA 4 20 % against every fourth row (see kUnrollRows).
-    const size_t value_steps = CountPasses<CB, 4>(hd, L) * ValueFetchSteps(n, st.fine_fetch);
+    const size_t value_steps = CountPasses<CB, 4>(hd, L) * PacedSteps(static_cast<size_t>(n), kUnrollRows, st.fine_fetch);
     FetchBoth next_values{PacedPrefetch(kn, k_cut, rows_end, value_steps, st.fetch_to),
                           PacedPrefetch(vf, v_cut, rows_end, value_steps, st.fetch_to), st.fine_fetch};
     const auto add_values = [&](const auto& rows) HWY_ATTR {
