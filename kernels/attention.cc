@@ -510,7 +510,8 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     // stream bandwidth instead of 0.70-0.91, GQA 4 0.66-0.78 instead of 0.54-0.60 (hd128 GQA 4
     // 11.2-11.6 -> 13.5-14.4 GB/s); there a prefetch test before every row, not unrolled, had cost
     // hd128 GQA 4 20 % against every fourth row (see kUnrollRows).
-    const size_t value_steps = CountPasses<CB, 4>(hd, L) * PacedSteps(static_cast<size_t>(n), kUnrollRows, st.fine_fetch);
+    const size_t value_steps =
+        CountPasses<CB, 4>(hd, L) * PacedSteps(static_cast<size_t>(n), kUnrollRows, st.fine_fetch);
     FetchBoth next_values{PacedPrefetch(kn, k_cut, rows_end, value_steps, st.fetch_to),
                           PacedPrefetch(vf, v_cut, rows_end, value_steps, st.fetch_to), st.fine_fetch};
     const auto add_values = [&](const auto& rows) HWY_ATTR {
