@@ -18,6 +18,8 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "kernels/attention.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace fd::kernels {
 namespace HWY_NAMESPACE {
@@ -411,10 +413,11 @@ HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
   return hn::MulAdd(em1, scale, scale);
 }
 
-// exp(x) for x <= 0 as the fp16 kernel computes its softmax weights: ExpNonPositiveScalef<6> on
-// AVX-512 (like ExpNonPositive, 0 below -87.3 and for -inf, and a NaN kept), ExpNonPositive
-// elsewhere. A weight then errs by at most 8.9e-8 (1 + |x|) e^x <= 8.9e-8 of the tile's largest
-// (1): about 1.5 units of fp32 roundoff. AMD EPYC (Zen 5), fp16, median ratios of tokens/s
+// exp(x) for x <= kSoftmaxSlack as the fp16 kernel computes its softmax weights:
+// ExpNonPositiveScalef<6> on AVX-512 (like ExpNonPositive, 0 below -87.3 and for -inf, and a NaN
+// kept), ExpNonPositive elsewhere (both hold above 0 too: their reductions and 2^n do not assume
+// x <= 0 beyond ExpNonPositive's clamp below). A weight then errs by at most 8.9e-8 (1 + |x|) e^x,
+// at most 8.0e-7 of the largest weight e^8: a few units of fp32 roundoff. AMD EPYC (Zen 5), fp16, median ratios of tokens/s
 // against ExpNonPositive (with the rescaling's exp one query at a time), one build switching by
 // an environment variable, 4 alternating runs:
 // - KV in L2 (--threads 1 --ctx 512 --batch 2 --cold-size 0): hd64 GQA 1 1.044, GQA 4 1.023,
@@ -507,26 +510,19 @@ HWY_INLINE void FoldDenominators(DT dt, D d, const hn::Vec<DT>* vsum, const floa
   }
 }
 
-// The online-softmax step of NQ queries over a tile of scores s[j][0, tile) whose first n are real
-// (the rest are set to -inf here), tile a multiple of Lanes(dt): folds each query's tile max into
-// its running max m[j], turns s[j] into the weights exp(s - m), adds their sum to the running
-// denominator l[j] and rescales acc[j] [hd] by exp(m_old - m_new). A query with no key visible
-// yet gets weights of zero and keeps m, l and acc.
-// The queries go through each step together: one by one, the reductions' latencies were not
-// hidden, and the fold took 15-24 % of GQA 4 attention at hd64 (KV in L2, AMD EPYC Zen 3).
-// fetch.Next() once per Lanes(dt) keys.
-template <int NQ, class DT, class D, class SRow, class AccRow, class Fetch>
-HWY_INLINE void SoftmaxFoldTiles(DT dt, D d, SRow* HWY_RESTRICT s, int n, size_t tile, float* m, float* l,
-                                 AccRow* HWY_RESTRICT acc, size_t hd, Fetch& fetch) {
+// s[j][0, tile) = exp(s[j] - ref[j]) (ExpWeights), their sums in the lanes of vsum[j]; a query
+// whose ref is -inf (it has seen no key yet) gets weights of zero. fetch.Next() once per
+// Lanes(dt) keys.
+template <int NQ, class DT, class SRow, class Fetch>
+HWY_INLINE void WeighTile(DT dt, SRow* HWY_RESTRICT s, size_t tile, const float* ref, hn::Vec<DT>* vsum,
+                          Fetch& fetch) {
   using VT = hn::Vec<DT>;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const size_t LT = hn::Lanes(dt);
-  float tile_max[NQ], m_new[NQ];
-  TileMaxima<NQ>(dt, s, n, tile, m, tile_max, m_new);
-  VT vm[NQ], vsum[NQ];
+  VT vm[NQ];
 #pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j) {
-    vm[j] = hn::Set(dt, m_new[j] == neg_inf ? 0.0f : m_new[j]);  // such a query's weights are reset below
+    vm[j] = hn::Set(dt, ref[j] == neg_inf ? 0.0f : ref[j]);  // such a query's weights are reset below
     vsum[j] = hn::Zero(dt);
   }
   for (size_t t = 0; t < tile; t += LT) {
@@ -539,7 +535,48 @@ HWY_INLINE void SoftmaxFoldTiles(DT dt, D d, SRow* HWY_RESTRICT s, int n, size_t
     }
   }
   for (int j = 0; j < NQ; ++j)
-    if (m_new[j] == neg_inf) std::fill(s[j], s[j] + tile, 0.0f);
+    if (ref[j] == neg_inf) {
+      std::fill(s[j], s[j] + tile, 0.0f);
+      vsum[j] = hn::Zero(dt);
+    }
+}
+
+// The online-softmax step of NQ queries over a tile of scores s[j][0, tile) whose first n are real
+// (the rest are set to -inf here), tile a multiple of Lanes(dt): turns s[j] into the weights
+// exp(s - m[j]), adds their sum to the running denominator l[j], and, where a query's tile max
+// exceeds m[j] by more than kSoftmaxSlack (or m[j] is -inf), first moves m[j] to its max and
+// rescales l[j] and acc[j] [hd] by exp(m_old - m_new). So m is a reference the weights are taken
+// relative to, not always the largest score, and l and acc stay consistent with it: the output
+// acc / l and the merge of key ranges (StoreStats) hold for any such m. In most tiles no m moves,
+// a branch that is predicted, and the exponentials wait on m alone, not on the tile's maxima. AMD
+// EPYC (Zen 5), one build switching between this and moving m to the max in every tile on
+// alternate calls, median ratio of adjacent calls: KV in L2 (--threads 1 --ctx 512 --batch 2
+// --cold-size 0) hd64 GQA 4 1.081x as fast (quartiles 1.063-1.100), GQA 1 1.029x, hd128 GQA 4
+// 1.029x, GQA 1 1.019x; from memory (ctx 4096), one thread 0.990-1.021x, 2 threads (stream at
+// 51-60 GB/s, batch 16 and 64) 0.973-1.028x, where the reads set the pace.
+// A query with no key visible yet gets weights of zero and keeps m, l and acc.
+// The queries go through each step together: one by one, the reductions' latencies were not
+// hidden, and the fold took 15-24 % of GQA 4 attention at hd64 (KV in L2, AMD EPYC Zen 3).
+// fetch.Next() once per Lanes(dt) keys.
+template <int NQ, class DT, class D, class SRow, class AccRow, class Fetch>
+HWY_INLINE void SoftmaxFoldTiles(DT dt, D d, SRow* HWY_RESTRICT s, int n, size_t tile, float* m, float* l,
+                                 AccRow* HWY_RESTRICT acc, size_t hd, Fetch& fetch) {
+  using VT = hn::Vec<DT>;
+  float tile_max[NQ], m_new[NQ];
+  TileMaxima<NQ>(dt, s, n, tile, m, tile_max, m_new);
+  bool keep = true;  // false for a NaN max, which takes the full step
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j) keep &= tile_max[j] <= m[j] + kSoftmaxSlack;
+  VT vsum[NQ];
+  if (HWY_LIKELY(keep)) {
+    WeighTile<NQ>(dt, s, tile, m, vsum, fetch);
+    float sums[NQ];
+    ReduceLanes<NQ>(dt, vsum, sums);
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) l[j] += sums[j];
+    return;
+  }
+  WeighTile<NQ>(dt, s, tile, m_new, vsum, fetch);
   FoldDenominators<NQ>(dt, d, vsum, m_new, m, l, acc, hd);
 }
 
