@@ -417,9 +417,9 @@ HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
 // ExpNonPositiveScalef<6> on AVX-512 (like ExpNonPositive, 0 below -87.3 and for -inf, and a NaN
 // kept), ExpNonPositive elsewhere (both hold above 0 too: their reductions and 2^n do not assume
 // x <= 0 beyond ExpNonPositive's clamp below). A weight then errs by at most 8.9e-8 (1 + |x|) e^x,
-// at most 8.0e-7 of the largest weight e^8: a few units of fp32 roundoff. AMD EPYC (Zen 5), fp16, median ratios of tokens/s
-// against ExpNonPositive (with the rescaling's exp one query at a time), one build switching by
-// an environment variable, 4 alternating runs:
+// at most 8.0e-7 of the largest weight e^8: a few units of fp32 roundoff. AMD EPYC (Zen 5), fp16,
+// median ratios of tokens/s against ExpNonPositive (with the rescaling's exp one query at a time),
+// one build switching by an environment variable, 4 alternating runs:
 // - KV in L2 (--threads 1 --ctx 512 --batch 2 --cold-size 0): hd64 GQA 1 1.044, GQA 4 1.023,
 //   GQA 8 1.013, hd128 0.994, 1.010, 1.014. Two builds compared so read 0.95-1.03: code placement.
 // - From memory, before the zeroing below -87.3 (two instructions): one thread (ctx 4096, batch

@@ -91,13 +91,13 @@ KvLayout f16_layout();
 // The layout the q8 kernel reads fastest on this CPU for head blocks of head_bytes (the q8 store's).
 KvLayout q8_layout(size_t head_bytes);
 
-// y[i] = exp(x[i]) for x[i] <= 0, as the kernels rescale a query's sums when its max grows
-// (exposed for tests): within 2 ulp where exp(x) >= FLT_MIN, 0 for x < -87.7 and for -inf.
-void softmax_exp(const float* x, float* y, size_t n);
 // How far above its reference m the fp16 kernel lets a query's scores lie before it moves m to
 // their max (SoftmaxFoldTiles in kernels/attention-inl.h): its softmax weights exp(s - m) reach
 // up to e^8, about 3000, and StoreStats' m is at most this much below the largest score.
 constexpr float kSoftmaxSlack = 8.0f;
+// y[i] = exp(x[i]) for x[i] <= 0, as the kernels rescale a query's sums when its max grows
+// (exposed for tests): within 2 ulp where exp(x) >= FLT_MIN, 0 for x < -87.7 and for -inf.
+void softmax_exp(const float* x, float* y, size_t n);
 // The same for x[i] <= kSoftmaxSlack, as the fp16 kernel computes its softmax weights: within
 // 2 (1 + |x|) ulp where exp(x) >= FLT_MIN (on AVX-512; 2 ulp elsewhere), 0 below and for -inf.
 void softmax_weight_exp(const float* x, float* y, size_t n);

@@ -212,7 +212,8 @@ TEST_CASE("softmax_exp is within 2 ulp of exp on every SIMD target", "[attention
   check_softmax_exp(fd::kernels::softmax_exp, 2.0, 2.4e-7);
 }
 
-TEST_CASE("softmax_weight_exp is within 2 (1 + |x|) ulp of exp up to kSoftmaxSlack on every SIMD target", "[attention]") {
+TEST_CASE("softmax_weight_exp is within 2 (1 + |x|) ulp of exp up to kSoftmaxSlack on every SIMD target",
+          "[attention]") {
   // 6.0e-9 from its polynomial (AVX-512), the rest from rounding x log2(e) and the multiply-adds.
   check_softmax_exp(fd::kernels::softmax_weight_exp, 2.0, 2.4e-7, true, fd::kernels::kSoftmaxSlack);
 }
