@@ -459,9 +459,10 @@ HWY_INLINE void TileMaxima(DT dt, SRow* HWY_RESTRICT s, int n, size_t tile, cons
   for (int j = 0; j < NQ; ++j) m_new[j] = std::max(m[j], tile_max[j]);
 }
 
-// out[j] = exp(a[j] - b[j]) for N values a[j] <= b[j], and 0 where b[j] is -inf: four at a time
-// in vectors (ExpNonPositive) when 4 divides N, where a std::exp call per value took about 5 % of
-// int4 hd64 GQA 4 attention (Intel Xeon, AVX-512, KV in cache).
+// out[j] = exp(a[j] - b[j]) for N values a[j] <= b[j] + kSoftmaxSlack, and 0 where b[j] is -inf:
+// four at a time in vectors (ExpNonPositive, which holds above 0 too; see ExpWeights) when 4
+// divides N, where a std::exp call per value took about 5 % of int4 hd64 GQA 4 attention (Intel
+// Xeon, AVX-512, KV in cache).
 template <int N>
 HWY_INLINE void ExpOfDifferences(const float* a, const float* b, float* out) {
   const float neg_inf = -std::numeric_limits<float>::infinity();

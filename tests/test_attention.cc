@@ -717,6 +717,21 @@ TEST_CASE("quantized attention stays within its bounds when attention is sharply
       for (int gqa : {1, 4}) check_quant_case(dt, 2000, hd, gqa, 2, 64, uint32_t(hd + gqa), 16.0f);
 }
 
+TEST_CASE("quantized attention matches the references when the largest score climbs far past the first keys'",
+          "[attention]") {
+  // As for attention_f16: scaled scores of about 20 standard deviations, so that the running max
+  // climbs past kSoftmaxSlack several times and tiles that keep a query's m alternate with tiles
+  // that move it.
+  using fd::kernels::KvDtype;
+  for (KvDtype dt : {KvDtype::q8, KvDtype::q4})
+    for (int hd : {64, 128})
+      for (int gqa : {1, 4}) {
+        check_quant_case(dt, 1000, hd, gqa, 1, 16, uint32_t(hd * 3 + gqa), 60.0f);
+        check_quant_case(dt, 1000, hd, gqa, 1, 64, uint32_t(hd * 5 + gqa), 60.0f);
+        check_quant_case(dt, 1000, hd, gqa, 24, 16, uint32_t(hd * 7 + gqa), 60.0f);  // a chunk of prefill
+      }
+}
+
 TEST_CASE("quantized attention handles narrow and odd heads", "[attention]") {
   using fd::kernels::KvDtype;
   for (int len : {1, 7, 33, 100}) {
