@@ -1141,7 +1141,7 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   const float* ref = keep ? st.m : m_new;
   // The weights are rounded relative to each query's largest in the tile and each group's
   // largest scale: w = exp(s - tile max) * scale * levels / smax[g], and the factor scales by
-  // exp(tile max - m_new) * smax[g] / levels afterwards. Rounded relative to exp(tile max - m_new)
+  // exp(tile max - ref) * smax[g] / levels afterwards. Rounded relative to exp(tile max - m_new)
   // instead, every weight waited for that exponential and 2 * NQ * groups divisions by it, and
   // paid a multiply per query and group. Intel Xeon (AVX-512 VNNI), one core, KV in L2, medians of
   // 6 alternating runs: q4 hd64 GQA 4 13.5 -> 13.7 GB/s, GQA 1 21.6 -> 22.0, hd128 GQA 4 17.2 ->
