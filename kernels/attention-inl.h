@@ -511,6 +511,33 @@ HWY_INLINE void FoldDenominators(DT dt, D d, const hn::Vec<DT>* vsum, const floa
   }
 }
 
+// Whether the step keeps every query's reference m: its tile max lies at most kSoftmaxSlack above
+// m[j] (false for a NaN max, which takes the full step, and where m[j] is -inf and the tile has a
+// visible key).
+template <int NQ>
+HWY_INLINE bool KeepsReferences(const float* tile_max, const float* m) {
+  bool keep = true;
+#pragma GCC unroll 8
+  for (int j = 0; j < NQ; ++j) keep &= tile_max[j] <= m[j] + kSoftmaxSlack;
+  return keep;
+}
+
+// The end of an online-softmax step whose weights, taken relative to m (keep) or to m_new, sum to
+// the lanes of vsum[j]: where the step keeps m, l[j] += that sum; otherwise FoldDenominators moves
+// m to m_new and rescales l and acc.
+template <int NQ, class DT, class D, class AccRow>
+HWY_INLINE void EndSoftmaxStep(DT dt, D d, bool keep, const hn::Vec<DT>* vsum, const float* m_new, float* m,
+                               float* l, AccRow* HWY_RESTRICT acc, size_t hd) {
+  if (HWY_LIKELY(keep)) {
+    float sums[NQ];
+    ReduceLanes<NQ>(dt, vsum, sums);
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) l[j] += sums[j];
+    return;
+  }
+  FoldDenominators<NQ>(dt, d, vsum, m_new, m, l, acc, hd);
+}
+
 // s[j][0, tile) = exp(s[j] - ref[j]) (ExpWeights), their sums in the lanes of vsum[j]; a query
 // whose ref is -inf (it has seen no key yet) gets weights of zero. fetch.Next() once per
 // Lanes(dt) keys.
@@ -562,23 +589,12 @@ HWY_INLINE void WeighTile(DT dt, SRow* HWY_RESTRICT s, size_t tile, const float*
 template <int NQ, class DT, class D, class SRow, class AccRow, class Fetch>
 HWY_INLINE void SoftmaxFoldTiles(DT dt, D d, SRow* HWY_RESTRICT s, int n, size_t tile, float* m, float* l,
                                  AccRow* HWY_RESTRICT acc, size_t hd, Fetch& fetch) {
-  using VT = hn::Vec<DT>;
   float tile_max[NQ], m_new[NQ];
   TileMaxima<NQ>(dt, s, n, tile, m, tile_max, m_new);
-  bool keep = true;  // false for a NaN max, which takes the full step
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j) keep &= tile_max[j] <= m[j] + kSoftmaxSlack;
-  VT vsum[NQ];
-  if (HWY_LIKELY(keep)) {
-    WeighTile<NQ>(dt, s, tile, m, vsum, fetch);
-    float sums[NQ];
-    ReduceLanes<NQ>(dt, vsum, sums);
-#pragma GCC unroll 8
-    for (int j = 0; j < NQ; ++j) l[j] += sums[j];
-    return;
-  }
-  WeighTile<NQ>(dt, s, tile, m_new, vsum, fetch);
-  FoldDenominators<NQ>(dt, d, vsum, m_new, m, l, acc, hd);
+  const bool keep = KeepsReferences<NQ>(tile_max, m);
+  hn::Vec<DT> vsum[NQ];
+  WeighTile<NQ>(dt, s, tile, keep ? m : m_new, vsum, fetch);
+  EndSoftmaxStep<NQ>(dt, d, keep, vsum, m_new, m, l, acc, hd);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -91,9 +91,10 @@ KvLayout f16_layout();
 // The layout the q8 kernel reads fastest on this CPU for head blocks of head_bytes (the q8 store's).
 KvLayout q8_layout(size_t head_bytes);
 
-// How far above its reference m the fp16 kernel lets a query's scores lie before it moves m to
-// their max (SoftmaxFoldTiles in kernels/attention-inl.h): its softmax weights exp(s - m) reach
-// up to e^8, about 3000, and StoreStats' m is at most this much below the largest score.
+// How far above its reference m the kernels (fp16 and quantized) let a query's scores lie before
+// they move m to their max (KeepsReferences in kernels/attention-inl.h): softmax weights
+// exp(s - m) reach up to e^8, about 3000, and StoreStats' m is at most this much below the
+// largest score.
 constexpr float kSoftmaxSlack = 8.0f;
 // y[i] = exp(x[i]) for x[i] <= 0, as the kernels rescale a query's sums when its max grows
 // (exposed for tests): within 2 ulp where exp(x) >= FLT_MIN, 0 for x < -87.7 and for -inf.

@@ -1135,9 +1135,7 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   // - From memory, 2 threads (stream 41-60 GB/s): int4 hd64 GQA 4 1.043x (ctx 4096 batch 16),
   //   1.049x (batch 64), 1.048x (ctx 512 batch 64); int8 hd64 GQA 4 1.008-1.041x; the rest (GQA 1,
   //   hd128) 0.986-1.029x, where the reads set the pace.
-  bool keep = true;  // false for a NaN max, which takes the full step
-#pragma GCC unroll 8
-  for (int j = 0; j < NQ; ++j) keep &= tile_max[j] <= st.m[j] + kSoftmaxSlack;
+  const bool keep = KeepsReferences<NQ>(tile_max, st.m);
   const float* ref = keep ? st.m : m_new;
   // The weights are rounded relative to each query's largest in the tile and each group's
   // largest scale: w = exp(s - tile max) * scale * levels / smax[g], and the factor scales by
@@ -1184,14 +1182,7 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
     vsum[j] = hn::Mul(vsum[j], hn::Set(dt, pmax));
     for (size_t g = 0; g < groups; ++g) tw.factor[j][g] = pmax * smax[g] / kWeightLevels<kQ4>;
   }
-  if (HWY_LIKELY(keep)) {
-    float sums[NQ];
-    ReduceLanes<NQ>(dt, vsum, sums);
-#pragma GCC unroll 8
-    for (int j = 0; j < NQ; ++j) st.l[j] += sums[j];
-    return;
-  }
-  FoldDenominators<NQ>(dt, df, vsum, m_new, st.m, st.l, st.acc, hd);
+  EndSoftmaxStep<NQ>(dt, df, keep, vsum, m_new, st.m, st.l, st.acc, hd);
 }
 
 // What every block of a group's heads shares: worked out once per group, not per block.
