@@ -56,7 +56,7 @@ HWY_INLINE bool FourHeadBlocksFitL1(size_t head_bytes) { return 4 * head_bytes <
 
 // K and V bytes fetched ahead of the visit being read: 32 KiB on AMD without AVX-512 (Zen 3), 16
 // elsewhere, so that hd64 (16 KiB of K and V per visit at 64-token blocks) fetches two visits
-// ahead on Zen 3 and one on Intel and on AMD with AVX-512 (Zen 4, not measured, and Zen 5), and
+// ahead on Zen 3 and one on Intel and on AMD with AVX-512 (Zen 4, see FetchesIntoL2, and Zen 5), and
 // hd128 one on all.
 // - AMD EPYC (Zen 3), 2 threads, from memory, A/B in one process (40-60 alternating passes,
 //   median time ratios), two visits ahead against one: hd64 GQA 4 read 1.02-1.08x as fast (8
@@ -170,7 +170,7 @@ HWY_INLINE FetchTo WideHeadFetch(int nq) {
   return nq == 1 ? FetchTo::kNonTemporal : FetchTo::kL1;
 }
 
-// prefetchnta on AMD with AVX-512 (Zen 4, not measured, and Zen 5) for tiles of up to four
+// prefetchnta on AMD with AVX-512 (Zen 5; Zen 4 fetches into L2, FetchesIntoL2) for tiles of up to four
 // queries, prefetcht0 elsewhere. AMD EPYC (Zen 5), hd64, from memory, one build switching between
 // passes (16-20 alternating pairs, median ratio of adjacent passes) against prefetcht0, 2 threads:
 // GQA 1 1.029-1.043x as fast (ctx 4096 batch 16), 1.014-1.022x (batch 64), 1.035-1.050x (ctx 512
@@ -430,7 +430,9 @@ void BeginTile(const Tile& tile, int kv_head, size_t head_bytes, KvLayout layout
     st.min_limit = j == 0 ? tile.limit[j] : std::min(st.min_limit, tile.limit[j]);
   }
   st.head_off = static_cast<size_t>(kv_head) * kv_head_stride(layout, head_bytes);
-  st.fetch_to = FourHeadBlocksFitL1(head_bytes) ? NarrowHeadFetch(NQ) : WideHeadFetch(NQ);
+  st.fetch_to = FetchesIntoL2()                  ? FetchTo::kL2
+                : FourHeadBlocksFitL1(head_bytes) ? NarrowHeadFetch(NQ)
+                                                  : WideHeadFetch(NQ);
   st.split = FetchSplitFor(NQ, head_bytes, st.fetch_to, layout);
   st.fine_fetch = PaceEveryLine();
 }

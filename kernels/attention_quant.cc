@@ -472,8 +472,9 @@ HWY_INLINE FetchTenths SplitOfFetch(size_t hd, KvLayout layout) {
 // visit's, or with kFetchOwnValues this visit's V), cut between the tile's phases: phase p (0
 // scoring, 1 rounding, 2 value sums) fetches K [k[p], k[p + 1]) and V [v[p], v[p + 1]).
 struct NextShare {
-  NextShare(const uint8_t* k_next, const uint8_t* v_next, size_t begin, size_t end, const FetchTenths& tenths)
-      : kn(k_next), vn(v_next) {
+  NextShare(const uint8_t* k_next, const uint8_t* v_next, size_t begin, size_t end, const FetchTenths& tenths,
+            FetchTo fetch_to)
+      : kn(k_next), vn(v_next), to(fetch_to) {
     const auto cut = [&](size_t t) { return CutTenths(begin, end, t); };
     k[0] = v[0] = begin;
     k[1] = cut(tenths.key[0]);
@@ -483,10 +484,11 @@ struct NextShare {
     k[3] = v[3] = end;
   }
   FetchBoth Phase(int p, size_t slices) const {
-    return {PacedPrefetch(kn, k[p], k[p + 1], slices), PacedPrefetch(vn, v[p], v[p + 1], slices)};
+    return {PacedPrefetch(kn, k[p], k[p + 1], slices, to), PacedPrefetch(vn, v[p], v[p + 1], slices, to)};
   }
   const uint8_t* kn;
   const uint8_t* vn;
+  FetchTo to;
   size_t k[4], v[4];
 };
 
@@ -1191,11 +1193,12 @@ struct GroupShape {
   size_t data_off;           // from a head block's start to its data (kv_format.h)
   size_t pf_pace;            // one row's share of the head's bytes, for the fetch ahead
   bool gfni;                 // KeyNibblesByGfni
+  FetchTo fetch_to;          // L2 where FetchesIntoL2, else L1
 };
 template <bool kQ4>
 HWY_INLINE GroupShape GroupShapeOf(size_t head_bytes, size_t bt, size_t hd) {
   return {head_bytes, kQ4 ? detail::q4_data_offset(bt, hd / 32) : detail::q8_data_offset(bt), (head_bytes + bt - 1) / bt,
-          KeyNibblesByGfni()};
+          KeyNibblesByGfni(), FetchesIntoL2() ? FetchTo::kL2 : FetchTo::kL1};
 }
 
 // Streaming softmax over the visible keys of block b in tiles of kTileT keys that start at
@@ -1229,7 +1232,8 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     // A tile's share of the next rows, scales included: the whole head for the block's last tile.
     const size_t pf_begin = tb * pf_pace, pf_end = tb + kTileT >= bn ? head_bytes : (tb + n) * pf_pace;
     const bool own_values = kv.layout == KvLayout::kSideBySide;
-    const NextShare next(kn, own_values ? vb : vn, pf_begin, pf_end, SplitOfFetch<NQ>(hd, kv.layout));
+    const NextShare next(kn, own_values ? vb : vn, pf_begin, pf_end, SplitOfFetch<NQ>(hd, kv.layout),
+                         gs.fetch_to);
     if (sealed) {
       if constexpr (!kQ4)
         ScoreSealedQ8<NQ>(dk, reinterpret_cast<const int8_t*>(kd), reinterpret_cast<const uint16_t*>(kb), tb,
