@@ -175,9 +175,12 @@ enum class FetchTo { kL1, kL2, kNonTemporal };
 // GQA 4 17.7-19.7 -> 28.7-33.0, GQA 8 16.0-17.0 -> 19.0-20.0; int8 GQA 1 and 4 15.9-26.3 ->
 // 28.0-34.3, GQA 8 16.8-18.7 -> 16.4-26.5; int4 hd64 GQA 1 24.8-26.2 -> 26.9-28.5, GQA 4 (its
 // arithmetic's pace) 17.6-20.0 -> 20.2-20.6, GQA 8 11.5-11.6 -> 8.9-13.8, hd128 GQA 1 19.9-20.7 ->
-// 29.0-33.3, GQA 4 17.1-17.3 -> 23.7-24.5, GQA 8 12.4-12.7 -> 14.3-16.1. fp16 into L1
-// (prefetcht0) instead of prefetchnta read within 3 % (one build switching between calls, ctx
-// 4096 batch 16); fetching 2, 4 or 8 times as far ahead in L2 read within that host's noise.
+// 29.0-33.3, GQA 4 17.1-17.3 -> 23.7-24.5, GQA 8 12.4-12.7 -> 14.3-16.1. Batches of 1 and 4
+// (ctx 512/4096, 2 alternating runs) gained about as much; a prompt's attention (fastdecode-bench
+// prefill, fp16, 512 tokens, 3 alternating runs) took 27.6-31.1 ms on one thread against
+// 29.5-30.5. Before this, fp16 into L1 (prefetcht0) read within 3 % of prefetchnta; fetching 2, 4
+// or 8 times as far ahead in L2 read within that host's noise. Switching between calls of one
+// run, L2 against the fetches before read 0.57-0.69x the time, far more than whole runs show.
 HWY_INLINE bool FetchesIntoL2() { return __builtin_cpu_is("amdfam19h") && HWY_TARGET <= HWY_AVX3; }
 
 // A fetch (PacedPrefetch's interface) that fetches nothing: its calls compile to nothing.
