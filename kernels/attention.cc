@@ -533,7 +533,7 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
 }
 
 // Attention of a group of tiles that read different kv heads (or, for prefill, different rows),
-// block-major (for_each_block_visit). Each tile's arithmetic is the same as when it runs alone.
+// block-major (BlockVisits). Each tile's arithmetic is the same as when it runs alone.
 template <class Rows, int NQ, class D, class Blocks>
 HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n_tiles,
                               const Blocks& kv, size_t head_bytes, int head_dim) {
@@ -547,7 +547,8 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
   }
   // Visits ahead whose rows are fetched: about FetchAheadBytes() of K and V, one at least.
   const int ahead = visits_ahead(FetchAheadBytes(), head_bytes);
-  for_each_block_visit(blocks, n_tiles, ahead, [&](int i, size_t b, int ai, size_t ab) {
+  for (BlockVisits v(blocks, n_tiles, ahead); v.Next();) {
+    const int i = v.tile(), ai = v.ahead_tile();
     // Fetched for every tile, also for one query per kv head, which computes so little per
     // byte that its speed is how well the reads are prefetched. On AMD EPYC (Zen 3), 2 threads,
     // ctx 512-4096, batch 16-64, A/B medians of 3: GQA 1 read 0.73-1.03 of the stream bandwidth
@@ -555,10 +556,10 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
     // core). On Intel Xeon (Sapphire Rapids) the L2 streamer stops at every 4 KiB page, and this
     // made hd 64 read 12.5 GB/s on one core instead of 9.9.
     const bool fetch = ai >= 0;
-    const uint8_t* kn = fetch ? Bytes(kv.k[ab]) + st[ai].head_off : nullptr;
-    const uint8_t* vn = fetch ? Bytes(kv.v[ab]) + st[ai].head_off : nullptr;
-    AttendBlock<Rows, NQ>(d, tiles[i], kv, head_bytes, b, hd, st[i], kn, vn);
-  });
+    const uint8_t* kn = fetch ? Bytes(kv.k[v.ahead_block()]) + st[ai].head_off : nullptr;
+    const uint8_t* vn = fetch ? Bytes(kv.v[v.ahead_block()]) + st[ai].head_off : nullptr;
+    AttendBlock<Rows, NQ>(d, tiles[i], kv, head_bytes, v.block(), hd, st[i], kn, vn);
+  }
   for (int i = 0; i < n_tiles; ++i)
     for (int j = 0; j < NQ; ++j) {
       StoreNormalized(d, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);

@@ -1323,7 +1323,7 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
   }
 }
 
-// Attention of a group of tiles, block-major (for_each_block_visit); each tile's arithmetic is
+// Attention of a group of tiles, block-major (BlockVisits); each tile's arithmetic is
 // the same as when it runs alone.
 template <bool kQ4, int NQ, class DK, class DF>
 HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* kv_heads, int n_tiles,
@@ -1347,11 +1347,12 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
   const GroupShape gs = GroupShapeOf<kQ4>(head_bytes, bt, hd);
   // About kPrefetchBytes of K and V in flight: small heads (q4 hd64) are fetched further ahead.
   const int ahead = visits_ahead(kPrefetchBytes, head_bytes);
-  for_each_block_visit(blocks, n_tiles, ahead, [&](int i, size_t b, int ai, size_t ab) {
-    const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[ab]) + st[ai].head_off;
-    const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[ab]) + st[ai].head_off;
-    AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, gs, b, hd, st[i], kn, vn);
-  });
+  for (BlockVisits v(blocks, n_tiles, ahead); v.Next();) {
+    const int i = v.tile(), ai = v.ahead_tile();
+    const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[v.ahead_block()]) + st[ai].head_off;
+    const uint8_t* vn = ai < 0 ? nullptr : Bytes(kv.v[v.ahead_block()]) + st[ai].head_off;
+    AttendBlockQuant<kQ4, NQ>(dk, df, tiles[i], kv, gs, v.block(), hd, st[i], kn, vn);
+  }
   for (int i = 0; i < n_tiles; ++i)
     for (int j = 0; j < NQ; ++j) {
       StoreNormalized(df, st[i].acc[j], st[i].l[j], hd, tiles[i].out[j]);

@@ -1069,7 +1069,7 @@ TEST_CASE("ThreadPool runs every item once and reports a failing item", "[attent
   }
 }
 
-TEST_CASE("for_each_block_visit reads block-major and names the visits it fetches ahead", "[attention]") {
+TEST_CASE("BlockVisits reads block-major and names the visits it fetches ahead", "[attention]") {
   // Tiles reading 3, 1, 0 and 2 blocks: block 0 of tiles 0, 1, 3, then block 1 of 0 and 3, then
   // block 2 of 0.
   const size_t blocks[4] = {3, 1, 0, 2};
@@ -1077,21 +1077,26 @@ TEST_CASE("for_each_block_visit reads block-major and names the visits it fetche
   for (int lookahead : {1, 2, 9}) {
     INFO("lookahead " << lookahead);
     size_t k = 0;
-    fd::kernels::for_each_block_visit(blocks, 4, lookahead, [&](int i, size_t b, int ai, size_t ab) {
+    for (fd::kernels::BlockVisits v(blocks, 4, lookahead); v.Next();) {
       INFO("visit " << k);
       REQUIRE(k < order.size());
-      CHECK(std::make_pair(i, b) == order[k]);
+      CHECK(std::make_pair(v.tile(), v.block()) == order[k]);
       if (k + lookahead < order.size()) {
-        CHECK(std::make_pair(ai, ab) == order[k + lookahead]);
+        CHECK(std::make_pair(v.ahead_tile(), v.ahead_block()) == order[k + lookahead]);
       } else {
-        CHECK(ai < 0);
+        CHECK(v.ahead_tile() < 0);
       }
       ++k;
-    });
+    }
     CHECK(k == order.size());
   }
   const size_t none[2] = {0, 0};
   int visits = 0;
-  fd::kernels::for_each_block_visit(none, 2, 1, [&](int, size_t, int, size_t) { ++visits; });
+  for (fd::kernels::BlockVisits v(none, 2, 1); v.Next();) ++visits;
   CHECK(visits == 0);
+  const size_t one[1] = {1};  // a single visit, nothing ahead of it
+  fd::kernels::BlockVisits v(one, 1, 1);
+  REQUIRE(v.Next());
+  CHECK((v.tile() == 0 && v.block() == 0 && v.ahead_tile() < 0));
+  CHECK_FALSE(v.Next());
 }
