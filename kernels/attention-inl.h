@@ -357,10 +357,11 @@ HWY_INLINE __m128 ScaleByPow2(__m128 p, __m128 t) { return _mm_scalef_ps(p, t); 
 // nodes of [0, 1]; 6.0e-9 relative error with these fp32 coefficients) in 11 instructions. Its
 // error then comes from rounding t: within 1.8 ulp on [-1, 0] and 8.9e-8 (1 + |x|) relative
 // everywhere (every fp32 x in [-87.3, 0] against exp in double).
+// Pow2Scalef(d, t) is that 2^t, t = x log2(e), for a caller that folds the multiply by log2(e)
+// into arithmetic of its own; ExpNonPositiveScalef(d, x) = exp(x) multiplies first.
 template <int kDegree = 3, class D>
-HWY_INLINE hn::Vec<D> ExpNonPositiveScalef(D d, hn::Vec<D> x) {
+HWY_INLINE hn::Vec<D> Pow2Scalef(D d, hn::Vec<D> t) {
   static_assert(kDegree == 3 || kDegree == 6, "a cubic or a degree-6 polynomial");
-  const auto t = hn::Mul(x, hn::Set(d, 1.442695040888963407359924681f));
   const hn::Vec<D> f{ReduceFloor(t.raw)};  // t - floor(t), in [0, 1]
   hn::Vec<D> p;
   if constexpr (kDegree == 3) {
@@ -379,6 +380,10 @@ HWY_INLINE hn::Vec<D> ExpNonPositiveScalef(D d, hn::Vec<D> x) {
   // 0 below t = -126 (x < -87.3), as ExpNonPositive gives, not a subnormal: subnormal weights in the
   // value sums may cost microcode assists on Intel. A NaN t compares false and stays NaN.
   return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -126.0f)), r);
+}
+template <int kDegree = 3, class D>
+HWY_INLINE hn::Vec<D> ExpNonPositiveScalef(D d, hn::Vec<D> x) {
+  return Pow2Scalef<kDegree>(d, hn::Mul(x, hn::Set(d, 1.442695040888963407359924681f)));
 }
 #endif
 

@@ -897,33 +897,63 @@ struct TileWeights {
   float factor[NQ][kMaxGroups];
 };
 
-// The weights p * inv (p >= 0 and p * inv <= levels up to rounding) as integers in [0, levels];
-// rounds to nearest by adding 2^23, whose fp32 ulp is 1.
+// The weights p * inv (p >= 0 and p * inv <= levels up to rounding), rounded to the nearest
+// integer w in [0, levels] by adding 2^23, whose fp32 ulp is 1, as the bits of 2^23 + w:
+// kWeightBias + w, whose low byte is w.
+constexpr int32_t kWeightBias = 0x4B000000;
 template <class DT>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DT>> RoundWeights(DT dt, hn::Vec<DT> p, hn::Vec<DT> inv) {
-  const hn::RebindToSigned<DT> di;
-  const auto r = hn::MulAdd(p, inv, hn::Set(dt, 8388608.0f));
-  return hn::Sub(hn::BitCast(di, r), hn::Set(di, 0x4B000000));
+  return hn::BitCast(hn::RebindToSigned<DT>(), hn::MulAdd(p, inv, hn::Set(dt, 8388608.0f)));
 }
 
-// Stores the rounded weights k[0..3] of four queries (int32 lanes in [0, 255]) for Lanes(di) rows
-// as Lanes(di) / 4 quads of words [quad][query][4] at `out`. On x86, two packing steps within
-// 128-bit lanes put them so: 3 instructions and one store for the four queries, where demoting
-// each query's vector alone took 4 and a store of its own (GCC 12, AVX2). AMD EPYC (Zen 3,
-// AVX2), ctx 4096, one core, KV in cache, 20 adjacent pairs, medians: GQA 4 int4 1.06-1.09x and
-// int8 1.11-1.15x as fast, GQA 1 1.02-1.11x. AVX-512 packs the same way (untested here).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
+// Byte 16L + 4j + i of the result is the low byte of int32 lane 4L + i of k[j]: the layout of
+// StoreQuadWords, by two byte permutes (AVX-512 VBMI) of two vectors each and a blend.
+HWY_INLINE __m512i LowBytesOfQuads(const __m512i* k) {
+  struct Index {
+    alignas(64) uint8_t b[64];
+  };
+  static constexpr Index kIndex = [] {
+    Index x{};
+    // Byte 4i of lane 16L + ... of k[j] (table 0 for k[0] and k[2], 1 for k[1] and k[3]).
+    for (int p = 0; p < 64; ++p) x.b[p] = static_cast<uint8_t>(((p & 4) << 4) | (p & 0x30) | ((p & 3) << 2));
+    return x;
+  }();
+  const __m512i index = _mm512_load_si512(kIndex.b);
+  const __m512i low = _mm512_permutex2var_epi8(k[0], index, k[1]);   // right where j is 0 or 1
+  const __m512i high = _mm512_permutex2var_epi8(k[2], index, k[3]);  // ... 2 or 3
+  return _mm512_mask_blend_epi8(0xFF00FF00FF00FF00ull, low, high);
+}
+#endif
+
+// Stores the rounded weights k[0..3] of four queries (RoundWeights: int32 lanes kWeightBias + w,
+// w in [0, 255]) for Lanes(di) rows as Lanes(di) / 4 quads of words [quad][query][4] at `out`.
+// With AVX-512 VBMI the weights are the lanes' low bytes, gathered by LowBytesOfQuads in three
+// instructions. Elsewhere, less the bias, two packing steps within 128-bit lanes put them so: 3
+// instructions and one store for the four queries, where demoting each query's vector alone took
+// 4 and a store of its own (GCC 12, AVX2). AMD EPYC (Zen 3, AVX2), ctx 4096, one core, KV in
+// cache, 20 adjacent pairs, medians: GQA 4 int4 1.06-1.09x and int8 1.11-1.15x as fast, GQA 1
+// 1.02-1.11x.
 template <class DI>
 HWY_INLINE void StoreQuadWords(DI di, const hn::Vec<DI>* k, uint8_t* out) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
+  if constexpr (hn::MaxLanes(DI()) == 16) {
+    const __m512i raw[4] = {k[0].raw, k[1].raw, k[2].raw, k[3].raw};
+    _mm512_storeu_si512(out, LowBytesOfQuads(raw));
+    return;
+  }
+#endif
+  hn::Vec<DI> w[4];
+  for (int j = 0; j < 4; ++j) w[j] = hn::Sub(k[j], hn::Set(di, kWeightBias));
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
   const hn::Repartition<uint8_t, DI> du8;
-  (void)di;
-  const auto packed = PackBytes(PackWords(k[0].raw, k[1].raw), PackWords(k[2].raw, k[3].raw));
+  const auto packed = PackBytes(PackWords(w[0].raw, w[1].raw), PackWords(w[2].raw, w[3].raw));
   hn::StoreU(hn::Vec<decltype(du8)>{packed}, du8, out);
 #else
   const hn::Rebind<uint8_t, DI> dn;
   constexpr size_t kMax = hn::MaxLanes(DI());
   HWY_ALIGN uint8_t rows[4][kMax];
-  for (int j = 0; j < 4; ++j) hn::StoreU(hn::DemoteTo(dn, k[j]), dn, rows[j]);
+  for (int j = 0; j < 4; ++j) hn::StoreU(hn::DemoteTo(dn, w[j]), dn, rows[j]);
   for (size_t q = 0; q < hn::Lanes(di) / 4; ++q)
     for (int j = 0; j < 4; ++j) std::memcpy(out + (4 * q + static_cast<size_t>(j)) * 4, rows[j] + 4 * q, 4);
 #endif
@@ -1080,16 +1110,18 @@ HWY_INLINE void AccumulateQuadsQ4(DF df, const uint8_t* quads, size_t groups, in
   for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 8
     for (int u = 0; u < CU; ++u) {
-      const auto f = hn::Set(df, tw.factor[j][g[u]]);
+      // The high nibbles' sums are multiples of 2^kQ4HighShift below 2^24, converted exactly, and
+      // their factor divided by it exactly: the products are those of the shifted sums.
+      const float factor = tw.factor[j][g[u]];
+      const auto f = hn::Set(df, factor), f_high = hn::Set(df, factor * (1.0f / (1 << kQ4HighShift)));
       for (int h = 0; h < 2; ++h) {
         float* out = acc[j] + g[u] * 32 + at[u] + 16 * h;
 #if FD_Q4_INT16_SUMS
-        VI sums = SumPairs(d32, a[u][h][j]);
+        const VI sums = SumPairs(d32, a[u][h][j]);
 #else
-        VI sums = a[u][h][j];
+        const VI sums = a[u][h][j];
 #endif
-        if (h == 1) sums = hn::ShiftRight<kQ4HighShift>(sums);  // exact: multiples of 2^kQ4HighShift
-        hn::Store(hn::MulAdd(f, hn::ConvertTo(df, sums), hn::Load(df, out)), df, out);
+        hn::Store(hn::MulAdd(h == 1 ? f_high : f, hn::ConvertTo(df, sums), hn::Load(df, out)), df, out);
       }
     }
 }
@@ -1106,6 +1138,26 @@ struct QuantTileState {
   size_t head_off = 0;  // bytes from a block's start to the tile's kv head
 };
 
+// exp(s - r) (ExpNonPositive<true>) for the reference ref = ExpReference(dt, r). On AVX-512, whose
+// exponential works in powers of 2, ref is r log2(e) and s log2(e) - ref one multiply-add, where
+// the subtraction and the multiply took two.
+template <class DT>
+HWY_INLINE hn::Vec<DT> ExpReference(DT dt, float r) {
+#if HWY_TARGET <= HWY_AVX3
+  return hn::Set(dt, r * 1.442695040888963407359924681f);
+#else
+  return hn::Set(dt, r);
+#endif
+}
+template <class DT>
+HWY_INLINE hn::Vec<DT> ExpOfDifference(DT dt, hn::Vec<DT> s, hn::Vec<DT> ref) {
+#if HWY_TARGET <= HWY_AVX3
+  return Pow2Scalef(dt, hn::MulSub(s, hn::Set(dt, 1.442695040888963407359924681f), ref));
+#else
+  return ExpNonPositive<true>(dt, hn::Sub(s, ref));
+#endif
+}
+
 // The online-softmax step of SoftmaxFoldTiles (kernels/attention-inl.h) over the tile's scores
 // st.s [NQ][kTileT] (the first n real), fused with the rounding of the value weights tw
 // (RoundWeights) of `groups` scale groups, whose scales of the tile's keys are scale[g][chunk]
@@ -1115,6 +1167,11 @@ struct QuantTileState {
 // (ctx 512, batch 2), two copies at once, one core each, cores swapped, 4 pairs: GQA 4 1.02x
 // (q4 hd64) to 1.07x (q4 and q8 hd128) as fast, GQA 1 0.99-1.03x. The exponentials are the coarse
 // ones (ExpNonPositive<true>, 1.3e-4 relative error), far finer than the 8-bit rounding.
+// With ExpOfDifference, the weights' low bytes gathered by LowBytesOfQuads, LargestScales and the
+// factors' multiply by 1 / levels (each once a few instructions more), AMD EPYC (Zen 4), one
+// core, KV in L2 (--ctx 512 --batch 2 --cold-size 0), medians of 10-20 runs alternating with the
+// build before, read in this guest's faster clock: int4 hd64 GQA 4 14.5-14.6 -> 14.9-15.1 GB/s,
+// int8 27.6 -> 28.2, int4 GQA 1 unchanged (28.2-28.5).
 // fetch.Next() once per chunk.
 template <bool kQ4, int NQ, int C, class DT, class DF, class VS>
 HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (*scale)[C], const float* smax,
@@ -1146,10 +1203,10 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   // paid a multiply per query and group. Intel Xeon (AVX-512 VNNI), one core, KV in L2, medians of
   // 6 alternating runs: q4 hd64 GQA 4 13.5 -> 13.7 GB/s, GQA 1 21.6 -> 22.0, hd128 GQA 4 17.2 ->
   // 17.7, GQA 1 27.2 -> 28.0; q8 unchanged.
-  VT vt[NQ], vsum[NQ];
+  VT vt[NQ], vsum[NQ];  // vt: tile max (ExpOfDifference's reference)
   for (int j = 0; j < NQ; ++j) {
     // A query that sees no key of the tile gets weights of zero.
-    vt[j] = hn::Set(dt, tile_max[j] == neg_inf ? 0.0f : tile_max[j]);
+    vt[j] = ExpReference(dt, tile_max[j] == neg_inf ? 0.0f : tile_max[j]);
     vsum[j] = hn::Zero(dt);
   }
   float inv[kMaxGroups];  // levels / smax[g], 0 for a NaN scale's group
@@ -1160,7 +1217,7 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
     VT p[NQ];
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
-      p[j] = ExpNonPositive<true>(dt, hn::Sub(hn::Load(dt, st.s[j] + t), vt[j]));  // exp(-inf) = 0
+      p[j] = ExpOfDifference(dt, hn::Load(dt, st.s[j] + t), vt[j]);  // exp(-inf) = 0
       vsum[j] = hn::Add(vsum[j], p[j]);
     }
     for (size_t g = 0; g < groups; ++g) {
@@ -1171,7 +1228,7 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
           const int j = std::min(4 * set + i, NQ - 1);
-          k[i] = 4 * set + i < NQ ? RoundWeights(dt, p[j], w) : hn::Zero(di);
+          k[i] = 4 * set + i < NQ ? RoundWeights(dt, p[j], w) : hn::Set(di, kWeightBias);
         }
         StoreQuadWords(di, k, tw.u[g][set][t / 4][0]);
       }
@@ -1179,12 +1236,66 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   }
   float pmaxs[NQ];  // exp(tile max - ref), at most e^kSoftmaxSlack
   ExpOfDifferences<NQ>(tile_max, ref, pmaxs);
+  float unit[kMaxGroups];  // the value of a weight's step, before pmax
+  for (size_t g = 0; g < groups; ++g) unit[g] = smax[g] * (1.0f / kWeightLevels<kQ4>);
   for (int j = 0; j < NQ; ++j) {
     const float pmax = pmaxs[j];
     vsum[j] = hn::Mul(vsum[j], hn::Set(dt, pmax));
-    for (size_t g = 0; g < groups; ++g) tw.factor[j][g] = pmax * smax[g] / kWeightLevels<kQ4>;
+    for (size_t g = 0; g < groups; ++g) tw.factor[j][g] = pmax * unit[g];
   }
   EndSoftmaxStep<NQ>(dt, df, keep, vsum, m_new, st.m, st.l, st.acc, hd);
+}
+
+// The largest lane of v (16 or 8 lanes).
+template <class DU>
+HWY_INLINE uint16_t LargestLane(DU du, hn::Vec<DU> v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
+  (void)du;
+  __m128i x;
+  if constexpr (hn::MaxLanes(DU()) == 16) {
+    x = _mm_max_epu16(_mm256_castsi256_si128(v.raw), _mm256_extracti128_si256(v.raw, 1));
+  } else {
+    x = v.raw;
+  }
+  // phminposuw finds the least of 8 lanes, and the largest is the complement of the least
+  // complement (Highway's MaxOfLanes of 16-bit lanes goes through 32-bit lanes).
+  const __m128i least = _mm_minpos_epu16(_mm_xor_si128(x, _mm_set1_epi16(-1)));
+  return static_cast<uint16_t>(~_mm_cvtsi128_si32(least));
+#else
+  return hn::GetLane(hn::MaxOfLanes(du, v));
+#endif
+}
+
+// smax[g] = the largest of the fp16 scales of rows [0, n), n <= kTileT, of groups g < `groups`,
+// as fp32: group g's chunks of kQ4ScaleRows rows lie `stride` scales apart from sc + g *
+// kQ4ScaleRows on. A row with a NaN or an infinity has a NaN scale (kv_format.cc), and then so
+// has the tile: the outputs it reaches (its group's, for q4) are NaN, as they are from the decoded
+// row. The scales' bits are compared as unsigned integers: a stored scale is never negative (an
+// absolute maximum over 7 or 127, kernels/quantize.cc), and the bits of every NaN and infinity
+// lie above those of every finite value. In fp32, with a NaN test since Max may drop a NaN, the
+// maxima took three instructions per 16 rows and a reduction of their own per group.
+HWY_INLINE void LargestScales(const uint16_t* sc, size_t stride, size_t groups, int n, float* smax) {
+  const hn::CappedTag<uint16_t, kQ4ScaleRows> du;
+  const size_t LU = hn::Lanes(du), rows = static_cast<size_t>(n);
+  HWY_ALIGN uint16_t top[kMaxGroups] = {};
+  for (size_t g = 0; g < groups; ++g) {
+    const uint16_t* at = sc + g * kQ4ScaleRows;
+    auto vmax = hn::Zero(du);
+    if (rows == kTileT) {
+      for (size_t t = 0; t < kTileT; t += LU)
+        vmax = hn::Max(vmax, hn::LoadU(du, at + t / kQ4ScaleRows * stride + t % kQ4ScaleRows));
+    } else {
+      for (size_t t = 0; t < rows; t += LU) {
+        const auto bits = hn::LoadU(du, at + t / kQ4ScaleRows * stride + t % kQ4ScaleRows);
+        vmax = hn::Max(vmax, hn::IfThenElseZero(hn::FirstN(du, rows - t), bits));
+      }
+    }
+    top[g] = LargestLane(du, vmax);
+  }
+  const hn::CappedTag<float, kMaxGroups> dg;
+  HWY_ALIGN float all[hn::MaxLanes(dg)];
+  for (size_t g = 0; g < groups; g += hn::Lanes(dg)) hn::Store(LoadF16(dg, top + g), dg, all + g);
+  for (size_t g = 0; g < groups; ++g) smax[g] = all[g];
 }
 
 // What every block of a group's heads shares: worked out once per group, not per block.
@@ -1263,25 +1374,19 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     constexpr int chunks = kTileT / static_cast<int>(hn::MaxLanes(dt));
     hn::Vec<decltype(dt)> scale[kQ4 ? kMaxGroups : 1][chunks];
     float smax[kQ4 ? kMaxGroups : 1];
+    // The tile's scales: q4's of group g from sc + g * kQ4ScaleRows on, in chunks of 16 rows
+    // `stride` apart.
+    const auto* sc = reinterpret_cast<const uint16_t*>(vb) + (kQ4 ? detail::q4_scale_index(tb, 0, groups) : tb);
+    const size_t stride = kQ4 ? groups * kQ4ScaleRows : kQ4ScaleRows;
     for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
-      auto vmax = hn::Zero(dt);
-      auto nan = hn::FirstN(dt, 0);
       for (int c = 0; c < chunks; ++c) {
         const size_t t = static_cast<size_t>(c) * LT;
         const auto live = hn::FirstN(dt, static_cast<size_t>(std::max(0, n - static_cast<int>(t))));
-        if constexpr (kQ4) {
-          const auto* sc = reinterpret_cast<const uint16_t*>(vb) + detail::q4_scale_index(tb + t, g, groups);
-          scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, sc));
-        } else {
-          scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, reinterpret_cast<const uint16_t*>(vb) + tb + t));
-        }
-        vmax = hn::Max(vmax, scale[g][c]);
-        nan = hn::Or(nan, hn::IsNaN(scale[g][c]));
+        const uint16_t* at = sc + g * kQ4ScaleRows + t / kQ4ScaleRows * stride + t % kQ4ScaleRows;
+        scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, at));
       }
-      // A row with a NaN or an infinity has a NaN scale (kv_format.cc), which Max may drop: the
-      // outputs it reaches (its group's, for q4) are NaN, as they are from the decoded row.
-      smax[g] = hn::AllFalse(dt, nan) ? hn::GetLane(hn::MaxOfLanes(dt, vmax)) : std::numeric_limits<float>::quiet_NaN();
     }
+    LargestScales(sc, stride, kQ4 ? groups : 1, n, smax);
     FetchBoth while_rounding = next.Phase(1, chunks);
     FoldTileToWeights<kQ4, NQ, chunks>(dt, df, n, kQ4 ? groups : 1, scale, smax, hd, st, tw, while_rounding);
     const int n_quads = (n + 3) / 4;
