@@ -308,7 +308,9 @@ HWY_INLINE hn::Vec<D32> DotQuads(D32 d32, hn::Vec<D32> acc, hn::Vec<D32> w, hn::
 
 // A query vector as the format scores it: scaled by 1/sqrt(head_dim), rounded to integers with
 // one scale per vector (qscale = max|q| / levels). One type per format, so that a tile's queries
-// hold only what their format reads (a group of tiles keeps up to kMaxGroupQ of them).
+// hold only what their format reads (a group of tiles keeps up to kMaxGroupQ of them). The
+// scoring stores raw scores, qscale left out, and FoldTileToWeights scales them in the multiply-add
+// its exponential needs anyway (ExpOfDifference): a multiply per query and vector of keys fewer.
 struct QuantQueryQ8 {
   float qscale;
   HWY_ALIGN int16_t q16[kMaxHeadDim];  // the integers in element order
@@ -500,9 +502,9 @@ constexpr int Q4KeyVectors() {
   return VectorsPerPass(HWY_TARGET <= HWY_AVX3 ? 8 : 4, NP, static_cast<int>(kTileT / hn::MaxLanes(D32())));
 }
 
-// s[j][col + w * K + i] = score of query j against key `key` + w * K + i of a q4 head block (keys
-// at `data`, scales at `scales`, kv_format.h) for W vectors of K = Lanes(d32) keys, which lie in
-// one key group each. A vector holds four bytes of K keys, so every int32 lane of the dot
+// s[j][col + w * K + i] = raw score of query j against key `key` + w * K + i of a q4 head block
+// (keys at `data`, scales at `scales`, kv_format.h) for W vectors of K = Lanes(d32) keys, which
+// lie in one key group each. A vector holds four bytes of K keys, so every int32 lane of the dot
 // products sums into one key: no horizontal sums. fetch.Next() before every step of 8 elements,
 // so that the fetch leaves a line or two at a time (see ScoreKeyVectors, kernels/attention.cc).
 // kGfni: the high nibbles by vgf2p8affineqb (KeyNibblesByGfni).
@@ -605,10 +607,10 @@ HWY_INLINE void ScoreKeyVectorsQ4(D8 d8, const uint8_t* data, const uint16_t* sc
   for (int w = 0; w < W; ++w)
 #pragma GCC unroll 4
     for (int j = 0; j < NP; ++j)
-      hn::StoreU(hn::Mul(f[w][j], hn::Set(df, qq[j].qscale)), df, s[j] + col + static_cast<size_t>(w) * K);
+      hn::StoreU(f[w][j], df, s[j] + col + static_cast<size_t>(w) * K);
 }
 
-// s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
+// s[j][0, n) (and up to the next whole vector of keys) = raw scores of query j against the keys
 // [tb, tb + n) of a q4 head block (tb a multiple of kQ4KeyGroup), kQ4PassQ queries at a time. The
 // scoring phase of `next` is fetched meanwhile, paced by the first pass. Not inlined: in a
 // function of its own the loop keeps its pointers in registers (inlined into AttendBlockQuant,
@@ -688,7 +690,7 @@ HWY_INLINE void ScoreQuadQ8(DK dk, const int8_t* data, size_t hd, const size_t* 
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) a[j][i] = hn::Add(a[j][i], a1[j][i]);
       const auto r = hn::BitCast(d4i, FoldBlocks(d32, Combine4InBlocks(d32, a[j][0], a[j][1], a[j][2], a[j][3])));
-      hn::StoreU(hn::Mul(hn::ConvertTo(d4, r), hn::Mul(rs, hn::Set(d4, qq[j].qscale))), d4, s[j] + col);
+      hn::StoreU(hn::Mul(hn::ConvertTo(d4, r), rs), d4, s[j] + col);
     }
   }
 }
@@ -728,7 +730,7 @@ HWY_INLINE hn::Vec<D32> AddPairProducts(D32 d32, hn::Vec<D32> acc, V16 a, V16 b)
 #endif
 }
 
-// s[j][col + w * TV + i] = score of query j against key i of key vector w, for NP queries and W
+// s[j][col + w * TV + i] = raw score of query j against key i of key vector w, for NP queries and W
 // vectors of TV = Lanes(dk) / 2 consecutive keys of sealed q8 keys: kt [hd/2][stride][2] int8 at
 // the first key, sc its fp16 scales. Each int16 vector holds two elements of TV keys, so every
 // int32 lane of the pair products sums into one key: no horizontal sums. fetch.Next() every
@@ -804,10 +806,9 @@ HWY_INLINE void ScoreSealedPassQ8(DK dk, const int8_t* kt, size_t stride, const 
 #endif
 #pragma GCC unroll 4
   for (int j = 0; j < NP; ++j) {
-    const auto qs = hn::Set(df, qq[j].qscale);
 #pragma GCC unroll 8
     for (int w = 0; w < W; ++w) {
-      const auto scale = hn::Mul(LoadF16(df, sc + static_cast<size_t>(w) * TV), qs);
+      const auto scale = LoadF16(df, sc + static_cast<size_t>(w) * TV);
       hn::StoreU(hn::Mul(hn::ConvertTo(df, a[j][w]), scale), df, s[j] + col + static_cast<size_t>(w) * TV);
     }
   }
@@ -863,7 +864,7 @@ HWY_INLINE void ScoreSealedQueriesQ8(DK dk, const int8_t* kd, const uint16_t* sc
   }
 }
 
-// s[j][0, n) (and up to the next whole vector of keys) = scores of query j against the keys
+// s[j][0, n) (and up to the next whole vector of keys) = raw scores of query j against the keys
 // [tb, tb + n) of a sealed q8 head block (key groups at kd, fp16 scales [bt]). The scoring phase
 // of `next` is fetched meanwhile, in about 16 steps, as the row-major keys are (in bursts of a
 // quarter tile, GQA 1 read slower from memory).
@@ -1138,25 +1139,30 @@ struct QuantTileState {
   size_t head_off = 0;  // bytes from a block's start to the tile's kv head
 };
 
-// exp(s - r) (ExpNonPositive<true>) for the reference ref = ExpReference(dt, r). On AVX-512, whose
-// exponential works in powers of 2, ref is r log2(e) and s log2(e) - ref one multiply-add, where
-// the subtraction and the multiply took two.
+// exp(s * k - r) (ExpNonPositive<true>) for raw scores s of a query whose scale is k, given
+// mul = ExpFactor(dt, k) and ref = ExpFactor(dt, r). On AVX-512, whose exponential works in powers
+// of 2, both carry log2(e): s k log2(e) - r log2(e) is one multiply-add, where the scores' scaling,
+// a subtraction and a multiply took three.
 template <class DT>
-HWY_INLINE hn::Vec<DT> ExpReference(DT dt, float r) {
+HWY_INLINE hn::Vec<DT> ExpFactor(DT dt, float x) {
 #if HWY_TARGET <= HWY_AVX3
-  return hn::Set(dt, r * 1.442695040888963407359924681f);
+  return hn::Set(dt, x * 1.442695040888963407359924681f);
 #else
-  return hn::Set(dt, r);
+  return hn::Set(dt, x);
 #endif
 }
 template <class DT>
-HWY_INLINE hn::Vec<DT> ExpOfDifference(DT dt, hn::Vec<DT> s, hn::Vec<DT> ref) {
+HWY_INLINE hn::Vec<DT> ExpOfDifference(DT dt, hn::Vec<DT> s, hn::Vec<DT> mul, hn::Vec<DT> ref) {
 #if HWY_TARGET <= HWY_AVX3
-  return Pow2Scalef(dt, hn::MulSub(s, hn::Set(dt, 1.442695040888963407359924681f), ref));
+  return Pow2Scalef(dt, hn::MulSub(s, mul, ref));
 #else
-  return ExpNonPositive<true>(dt, hn::Sub(s, ref));
+  return ExpNonPositive<true>(dt, hn::MulSub(s, mul, ref));
 #endif
 }
+
+// The scale of a query's raw scores (QuantQuery::qscale; the scoring leaves it out): 1 for an
+// all-zero query, whose visible raw scores are 0 and whose masked ones -inf must stay -inf.
+HWY_INLINE float ScoreScale(float qscale) { return qscale == 0.0f ? 1.0f : qscale; }
 
 // The online-softmax step of SoftmaxFoldTiles (kernels/attention-inl.h) over the tile's scores
 // st.s [NQ][kTileT] (the first n real), fused with the rounding of the value weights tw
@@ -1180,8 +1186,13 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   const hn::RebindToSigned<DT> di;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const size_t LT = hn::Lanes(dt);
-  float tile_max[NQ], m_new[NQ];
+  float tile_max[NQ], m_new[NQ], k[NQ];
   TileMaxima<NQ>(dt, st.s, n, kTileT, st.m, tile_max, m_new);
+  for (int j = 0; j < NQ; ++j) {  // the raw maxima scaled (k > 0 or NaN, which stays NaN)
+    k[j] = ScoreScale(st.qq[j].qscale);
+    tile_max[j] *= k[j];
+    m_new[j] = std::max(st.m[j], tile_max[j]);
+  }
   // Each query's m stays the reference of l and acc, as in SoftmaxFoldTiles, unless the tile's
   // max exceeds it by more than kSoftmaxSlack: then m moves to its max and the state is rescaled.
   // The weights are still rounded relative to the tile's own max, so their rounding is unchanged;
@@ -1203,13 +1214,14 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   // paid a multiply per query and group. Intel Xeon (AVX-512 VNNI), one core, KV in L2, medians of
   // 6 alternating runs: q4 hd64 GQA 4 13.5 -> 13.7 GB/s, GQA 1 21.6 -> 22.0, hd128 GQA 4 17.2 ->
   // 17.7, GQA 1 27.2 -> 28.0; q8 unchanged.
-  VT vt[NQ], vsum[NQ];  // vt: tile max (ExpOfDifference's reference)
+  VT vk[NQ], vt[NQ], vsum[NQ];  // ExpOfDifference's multiplier and reference (the tile max)
   for (int j = 0; j < NQ; ++j) {
+    vk[j] = ExpFactor(dt, k[j]);
     // A query that sees no key of the tile gets weights of zero.
-    vt[j] = ExpReference(dt, tile_max[j] == neg_inf ? 0.0f : tile_max[j]);
+    vt[j] = ExpFactor(dt, tile_max[j] == neg_inf ? 0.0f : tile_max[j]);
     vsum[j] = hn::Zero(dt);
   }
-  float inv[kMaxGroups];  // levels / smax[g], 0 for a NaN scale's group
+  float inv[kMaxGroups] = {};  // levels / smax[g], 0 for a NaN scale's group
   for (size_t g = 0; g < groups; ++g) inv[g] = smax[g] > 0.0f ? kWeightLevels<kQ4> / smax[g] : 0.0f;
   for (int c = 0; c < C; ++c) {
     fetch.Next();
@@ -1217,7 +1229,7 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
     VT p[NQ];
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
-      p[j] = ExpOfDifference(dt, hn::Load(dt, st.s[j] + t), vt[j]);  // exp(-inf) = 0
+      p[j] = ExpOfDifference(dt, hn::Load(dt, st.s[j] + t), vk[j], vt[j]);  // exp(-inf) = 0
       vsum[j] = hn::Add(vsum[j], p[j]);
     }
     for (size_t g = 0; g < groups; ++g) {
