@@ -377,8 +377,8 @@ HWY_INLINE hn::Vec<D> Pow2Scalef(D d, hn::Vec<D> t) {
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
   const hn::Vec<D> r{ScaleByPow2(p.raw, t.raw)};
   if constexpr (kDegree == 3) return r;
-  // 0 below t = -126 (x < -87.3), as ExpNonPositive gives, not a subnormal: subnormal weights in the
-  // value sums may cost microcode assists on Intel. A NaN t compares false and stays NaN.
+  // 0 below t = -126 (x < -87.3), as ExpNonPositive gives, not a subnormal: subnormal weights in
+  // the value sums may cost microcode assists on Intel. A NaN t compares false and stays NaN.
   return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -126.0f)), r);
 }
 template <int kDegree = 3, class D>

@@ -55,8 +55,8 @@ constexpr size_t kL1FetchBytes = size_t(32) << 10;
 HWY_INLINE bool FourHeadBlocksFitL1(size_t head_bytes) { return 4 * head_bytes <= kL1FetchBytes; }
 
 // K and V bytes fetched ahead of the visit being read: 32 KiB on AMD without AVX-512 (Zen 3), 16
-// elsewhere, so that hd64 (16 KiB of K and V per visit at 64-token blocks) fetches two visits
-// ahead on Zen 3 and one on Intel and on AMD with AVX-512 (Zen 4, see FetchesIntoL2, and Zen 5), and
+// elsewhere, so that hd64 (16 KiB of K and V per visit at 64-token blocks) fetches two visits ahead
+// on Zen 3 and one on Intel and on AMD with AVX-512 (Zen 4, see FetchesIntoL2, and Zen 5), and
 // hd128 one on all.
 // - AMD EPYC (Zen 3), 2 threads, from memory, A/B in one process (40-60 alternating passes,
 //   median time ratios), two visits ahead against one: hd64 GQA 4 read 1.02-1.08x as fast (8
@@ -95,13 +95,13 @@ constexpr FetchSplit kFetchWhileFolding = {7, 3, 0, 3};
 constexpr FetchSplit kFetchOutsideFold = {10, 0, 0, 0};
 // Off AMD, for tiles of one query, and of up to four whose head blocks are fetched into L2 (hd128;
 // hd64 at two to four queries takes kFetchAroundFold): a share of both the K and the V in every
-// phase (on AMD with AVX-512 see kFetchSpread below). Intel Xeon (AVX-512 FP16, 2 of its cores), from memory (ctx
-// 4096 batch 16, 4 layers, 537 MB), two builds in one process, 30 alternating passes each, median
-// ratio of adjacent passes against {7, 3, 3, 3} (which had read 1.03-1.10x as fast as {7, 3, 0, 3}
-// at GQA 4 there): hd64 GQA 4 1.076 (quartiles 1.06-1.09), GQA 1 1.078, hd128 GQA 4 1.098, GQA 1
-// 1.099; ctx 512 batch 64 hd64 GQA 4 1.052. Other splits with K while summing, hd64 GQA 4:
-// {5, 2, 3, 3} 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06, {6, 2, 3, 3}
-// 1.04; 11 splits with none read 0.85-1.04.
+// phase (on AMD with AVX-512 see kFetchSpread below). Intel Xeon (AVX-512 FP16, 2 of its cores),
+// from memory (ctx 4096 batch 16, 4 layers, 537 MB), two builds in one process, 30 alternating
+// passes each, median ratio of adjacent passes against {7, 3, 3, 3} (which had read 1.03-1.10x as
+// fast as {7, 3, 0, 3} at GQA 4 there): hd64 GQA 4 1.076 (quartiles 1.06-1.09), GQA 1 1.078, hd128
+// GQA 4 1.098, GQA 1 1.099; ctx 512 batch 64 hd64 GQA 4 1.052. Other splits with K while summing,
+// hd64 GQA 4: {5, 2, 3, 3} 1.04-1.09, {5, 1, 3, 3} 1.10, {4, 1, 3, 3} 1.06, {3, 2, 2, 2} 1.06,
+// {6, 2, 3, 3} 1.04; 11 splits with none read 0.85-1.04.
 constexpr FetchSplit kFetchInAllPhases = {4, 2, 3, 3};
 // Off AMD, for head blocks fetched into L1 (hd64 at 64-token blocks) at two to four queries: half
 // of the K and of the V while scoring and the other half while summing, none in the fold, whose few
@@ -123,9 +123,9 @@ constexpr FetchSplit kFetchAroundFold = {5, 0, 5, 0};
 //   hd128 GQA 4 (ctx 512 batch 64) 1.073x, hd64 GQA 8 1.052x, GQA 1 and 2 1.005-1.006x; hd128
 //   GQA 8 1.010x.
 // - one thread: hd64 GQA 4 1.064x, hd128 GQA 1 1.047x, hd64 GQA 1 0.991x.
-// Around it, hd64 GQA 4: {4, 2, 4, 2} 1.040x, {4, 2, 3, 3} 1.018x, {3, 3, 3, 3} 1.016x, {2, 2, 2, 2}
-// and {3, 1, 3, 1} 0.971x, {5, 3, 0, 2} 0.982x; hd128 GQA 1: {3, 2, 2, 2} 1.011x, {3, 3, 3, 2}
-// 1.015x, {2, 2, 3, 2} 1.004x, {2, 2, 2, 2} 0.994x.
+// Around it, hd64 GQA 4: {4, 2, 4, 2} 1.040x, {4, 2, 3, 3} 1.018x, {3, 3, 3, 3} 1.016x,
+// {2, 2, 2, 2} and {3, 1, 3, 1} 0.971x, {5, 3, 0, 2} 0.982x; hd128 GQA 1: {3, 2, 2, 2} 1.011x,
+// {3, 3, 3, 2} 1.015x, {2, 2, 3, 2} 1.004x, {2, 2, 2, 2} 0.994x.
 constexpr FetchSplit kFetchSpread = {3, 2, 3, 2};
 
 // Fetching the tile's own values while it scores, and the next visit's keys while it folds (two
@@ -170,16 +170,16 @@ HWY_INLINE FetchTo WideHeadFetch(int nq) {
   return nq == 1 ? FetchTo::kNonTemporal : FetchTo::kL1;
 }
 
-// prefetchnta on AMD with AVX-512 (Zen 5; Zen 4 fetches into L2, FetchesIntoL2) for tiles of up to four
-// queries, prefetcht0 elsewhere. AMD EPYC (Zen 5), hd64, from memory, one build switching between
-// passes (16-20 alternating pairs, median ratio of adjacent passes) against prefetcht0, 2 threads:
-// GQA 1 1.029-1.043x as fast (ctx 4096 batch 16), 1.014-1.022x (batch 64), 1.035-1.050x (ctx 512
-// batch 64), 1.070x (ctx 2048), 1.033x (ctx 8192); GQA 2 1.043-1.045x, 1.109x (ctx 512 batch 64);
-// GQA 3 1.022x; GQA 4 1.019-1.032x, 1.012-1.024x (batch 64), 1.023x (ctx 512 batch 64); GQA 8
-// 0.968-1.006x, so more queries keep prefetcht0. One thread: GQA 1 1.028x, GQA 2 1.041x, GQA 4
-// 0.998x. With the KV in L3 (ctx 128, one thread) GQA 1 read 0.95x as fast. Before kFetchSpread,
-// prefetchnta had read GQA 4 4-13 % slower there. The quantized kernels read the same either way
-// (q8 and q4, hd64 and hd128, GQA 1 and 4: 0.977-1.027x).
+// prefetchnta on AMD with AVX-512 (Zen 5; Zen 4 fetches into L2, FetchesIntoL2) for tiles of up to
+// four queries, prefetcht0 elsewhere. AMD EPYC (Zen 5), hd64, from memory, one build switching
+// between passes (16-20 alternating pairs, median ratio of adjacent passes) against prefetcht0, 2
+// threads: GQA 1 1.029-1.043x as fast (ctx 4096 batch 16), 1.014-1.022x (batch 64), 1.035-1.050x
+// (ctx 512 batch 64), 1.070x (ctx 2048), 1.033x (ctx 8192); GQA 2 1.043-1.045x, 1.109x (ctx 512
+// batch 64); GQA 3 1.022x; GQA 4 1.019-1.032x, 1.012-1.024x (batch 64), 1.023x (ctx 512 batch 64);
+// GQA 8 0.968-1.006x, so more queries keep prefetcht0. One thread: GQA 1 1.028x, GQA 2 1.041x,
+// GQA 4 0.998x. With the KV in L3 (ctx 128, one thread) GQA 1 read 0.95x as fast. Before
+// kFetchSpread, prefetchnta had read GQA 4 4-13 % slower there. The quantized kernels read the same
+// either way (q8 and q4, hd64 and hd128, GQA 1 and 4: 0.977-1.027x).
 HWY_INLINE FetchTo NarrowHeadFetch(int nq) {
   return __builtin_cpu_is("amd") && HWY_TARGET <= HWY_AVX3 && nq <= 4 ? FetchTo::kNonTemporal : FetchTo::kL1;
 }
@@ -506,12 +506,12 @@ HWY_INLINE void AttendBlock(D d, const Tile& tile, const Blocks& kv, size_t head
     FetchBoth while_folding{PacedPrefetch(kn, k_cut0, k_cut, used / LT, st.fetch_to),
                             PacedPrefetch(vf, v_cut0, v_cut, used / LT, st.fetch_to)};
     SoftmaxFoldTiles<NQ>(dt, d, st.s, n, used, st.m, st.l, st.acc, hd, while_folding);
-    // Paced every kUnrollRows rows of each pass, or every row (PaceEveryLine), as the keys are. With
-    // one slice per pass, up to 32 lines left at once, and the loads stalled behind them. AMD EPYC (Zen
-    // 3), 2 threads, ctx 512/4096 x batch 16/64, A/B medians of 5: GQA 1 read 0.88-0.97 of the
-    // stream bandwidth instead of 0.70-0.91, GQA 4 0.66-0.78 instead of 0.54-0.60 (hd128 GQA 4
-    // 11.2-11.6 -> 13.5-14.4 GB/s); there a prefetch test before every row, not unrolled, had cost
-    // hd128 GQA 4 20 % against every fourth row (see kUnrollRows).
+    // Paced every kUnrollRows rows of each pass, or every row (PaceEveryLine), as the keys are.
+    // With one slice per pass, up to 32 lines left at once, and the loads stalled behind them. AMD
+    // EPYC (Zen 3), 2 threads, ctx 512/4096 x batch 16/64, A/B medians of 5: GQA 1 read 0.88-0.97
+    // of the stream bandwidth instead of 0.70-0.91, GQA 4 0.66-0.78 instead of 0.54-0.60 (hd128
+    // GQA 4 11.2-11.6 -> 13.5-14.4 GB/s); there a prefetch test before every row, not unrolled, had
+    // cost hd128 GQA 4 20 % against every fourth row (see kUnrollRows).
     const size_t value_steps =
         CountPasses<CB, 4>(hd, L) * PacedSteps(static_cast<size_t>(n), kUnrollRows, st.fine_fetch);
     FetchBoth next_values{PacedPrefetch(kn, k_cut, rows_end, value_steps, st.fetch_to),

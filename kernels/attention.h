@@ -79,16 +79,17 @@ struct AttnItem {
   KvBlocks kv;
 };
 
-// Attention for n items, split into work units over the pool's threads: ranges of an item's kv heads
-// and, for a costly prefill, of its rows (kernels/attention_units.h). Each unit is computed by one
-// thread in a fixed order, and rows are cut only where the kernel's query tiles end, so results do
-// not depend on the thread count.
+// Attention for n items, split into work units over the pool's threads: ranges of an item's kv
+// heads and, for a costly prefill, of its rows (kernels/attention_units.h). Each unit is computed
+// by one thread in a fixed order, and rows are cut only where the kernel's query tiles end, so
+// results do not depend on the thread count.
 void attention_batch_f16(const AttnItemF16* items, size_t n, const AttnDims& d, ThreadPool& pool);
 void attention_batch(const AttnItem* items, size_t n, const AttnDims& d, ThreadPool& pool);
 
 // The layout attention_f16 reads fastest on this CPU (the f16 KV store's, KvFormat::layout).
 KvLayout f16_layout();
-// The layout the q8 kernel reads fastest on this CPU for head blocks of head_bytes (the q8 store's).
+// The layout the q8 kernel reads fastest on this CPU for head blocks of head_bytes (the q8
+// store's).
 KvLayout q8_layout(size_t head_bytes);
 
 // How far above its reference m the kernels (fp16 and quantized) let a query's scores lie before

@@ -453,8 +453,8 @@ constexpr FetchTenths kFetchInAllPhases = {{5, 3}, {3, 3}};
 // 1.098x, ctx 512 batch 64 1.065x), q4 1.034x (batch 64 1.040x); q4 with the KV in cache 1.039x.
 // At hd128 it read 0.894x (q4) and 0.947x (q8), so larger heads keep the split above.
 constexpr FetchTenths kFetchOneSmallHead = {{4, 0}, {4, 0}};
-// Over KvLayout::kSideBySide, the tile's own values while it scores (see Q8LayoutImpl), and the next
-// visit's keys, 2 tenths while it rounds and the rest while it sums: its reads and its fetches
+// Over KvLayout::kSideBySide, the tile's own values while it scores (see Q8LayoutImpl), and the
+// next visit's keys, 2 tenths while it rounds and the rest while it sums: its reads and its fetches
 // walk one run of memory, as fp16's do (kFetchOwnValues, kernels/attention.cc).
 constexpr FetchTenths kFetchOwnValues = {{0, 2}, {10, 0}};
 template <int NQ>
@@ -748,11 +748,11 @@ HWY_INLINE void ScoreSealedPassQ8(DK dk, const int8_t* kt, size_t stride, const 
 #if FD_X86_VNNI
   // Two pairs of dimensions at a time: the pair rows e and e + 1 of TV keys interleaved into each
   // key's four bytes, made unsigned (+128, qq.bias undoes it), then one vpdpbusd per query sums
-  // four products per key where vpdpwssd summed two of widened keys (hd is a multiple of 8 on
-  // the vector path, so the pairs come in twos). AMD EPYC (Zen 5), against
-  // vpdpwssd, 3 alternating runs: KV in cache (--ctx 512 --batch 4 --cold-size 0) 2 threads hd64
-  // GQA 1 1.02x as fast, GQA 4 1.08x, hd128 1.09x and 1.16x; prefill (--decode 0) hd128 1.10-1.19x,
-  // hd64 0.95-1.05x; from memory (ctx 512/4096, batch 16/64) 0.92-1.07x, as fp16's unchanged kernel.
+  // four products per key where vpdpwssd summed two of widened keys (hd is a multiple of 8 on the
+  // vector path, so the pairs come in twos). AMD EPYC (Zen 5), against vpdpwssd, 3 alternating
+  // runs: KV in cache (--ctx 512 --batch 4 --cold-size 0) 2 threads hd64 GQA 1 1.02x as fast, GQA 4
+  // 1.08x, hd128 1.09x and 1.16x; prefill (--decode 0) hd128 1.10-1.19x, hd64 0.95-1.05x; from
+  // memory (ctx 512/4096, batch 16/64) 0.92-1.07x, as fp16's unchanged kernel.
   (void)dk;
   const hn::Repartition<uint8_t, DK> du8;
   const auto unsign = hn::Set(du8, uint8_t{0x80});
