@@ -1146,7 +1146,7 @@ struct QuantTileState {
 template <class DT>
 HWY_INLINE hn::Vec<DT> ExpFactor(DT dt, float x) {
 #if HWY_TARGET <= HWY_AVX3
-  return hn::Set(dt, x * 1.442695040888963407359924681f);
+  return hn::Set(dt, x * kLog2E);
 #else
   return hn::Set(dt, x);
 #endif
@@ -1258,29 +1258,14 @@ HWY_INLINE void FoldTileToWeights(DT dt, DF df, int n, size_t groups, const VS (
   EndSoftmaxStep<NQ>(dt, df, keep, vsum, m_new, st.m, st.l, st.acc, hd);
 }
 
-// The largest lane of v (16 or 8 lanes).
-template <class DU>
-HWY_INLINE uint16_t LargestLane(DU du, hn::Vec<DU> v) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
-  (void)du;
-  __m128i x;
-  if constexpr (hn::MaxLanes(DU()) == 16) {
-    x = _mm_max_epu16(_mm256_castsi256_si128(v.raw), _mm256_extracti128_si256(v.raw, 1));
-  } else {
-    x = v.raw;
-  }
-  // phminposuw finds the least of 8 lanes, and the largest is the complement of the least
-  // complement (Highway's MaxOfLanes of 16-bit lanes goes through 32-bit lanes).
-  const __m128i least = _mm_minpos_epu16(_mm_xor_si128(x, _mm_set1_epi16(-1)));
-  return static_cast<uint16_t>(~_mm_cvtsi128_si32(least));
-#else
-  return hn::GetLane(hn::MaxOfLanes(du, v));
-#endif
+// Scale `t` (within a tile) of group g, where a tile's scales start at sc and its chunks of
+// kQ4ScaleRows rows lie `stride` scales apart (q4: a chunk holds every group's; q8: one group).
+HWY_INLINE const uint16_t* ScaleAt(const uint16_t* sc, size_t stride, size_t g, size_t t) {
+  return sc + g * kQ4ScaleRows + t / kQ4ScaleRows * stride + t % kQ4ScaleRows;
 }
 
-// smax[g] = the largest of the fp16 scales of rows [0, n), n <= kTileT, of groups g < `groups`,
-// as fp32: group g's chunks of kQ4ScaleRows rows lie `stride` scales apart from sc + g *
-// kQ4ScaleRows on. A row with a NaN or an infinity has a NaN scale (kv_format.cc), and then so
+// smax[g] = the largest of the fp16 scales (ScaleAt) of rows [0, n), n <= kTileT, of groups
+// g < `groups`, as fp32. A row with a NaN or an infinity has a NaN scale (kv_format.cc), and then so
 // has the tile: the outputs it reaches (its group's, for q4) are NaN, as they are from the decoded
 // row. The scales' bits are compared as unsigned integers: a stored scale is never negative (an
 // absolute maximum over 7 or 127, kernels/quantize.cc), and the bits of every NaN and infinity
@@ -1288,21 +1273,15 @@ HWY_INLINE uint16_t LargestLane(DU du, hn::Vec<DU> v) {
 // maxima took three instructions per 16 rows and a reduction of their own per group.
 HWY_INLINE void LargestScales(const uint16_t* sc, size_t stride, size_t groups, int n, float* smax) {
   const hn::CappedTag<uint16_t, kQ4ScaleRows> du;
-  const size_t LU = hn::Lanes(du), rows = static_cast<size_t>(n);
+  const size_t rows = static_cast<size_t>(n);
   HWY_ALIGN uint16_t top[kMaxGroups] = {};
   for (size_t g = 0; g < groups; ++g) {
-    const uint16_t* at = sc + g * kQ4ScaleRows;
     auto vmax = hn::Zero(du);
-    if (rows == kTileT) {
-      for (size_t t = 0; t < kTileT; t += LU)
-        vmax = hn::Max(vmax, hn::LoadU(du, at + t / kQ4ScaleRows * stride + t % kQ4ScaleRows));
-    } else {
-      for (size_t t = 0; t < rows; t += LU) {
-        const auto bits = hn::LoadU(du, at + t / kQ4ScaleRows * stride + t % kQ4ScaleRows);
-        vmax = hn::Max(vmax, hn::IfThenElseZero(hn::FirstN(du, rows - t), bits));
-      }
+    for (size_t t = 0; t < rows; t += hn::Lanes(du)) {
+      const auto bits = hn::LoadU(du, ScaleAt(sc, stride, g, t));
+      vmax = hn::Max(vmax, hn::IfThenElseZero(hn::FirstN(du, rows - t), bits));
     }
-    top[g] = LargestLane(du, vmax);
+    top[g] = hn::GetLane(hn::MaxOfLanes(du, vmax));
   }
   const hn::CappedTag<float, kMaxGroups> dg;
   HWY_ALIGN float all[hn::MaxLanes(dg)];
@@ -1386,16 +1365,14 @@ HWY_INLINE void AttendBlockQuant(DK dk, DF df, const Tile& tile, const KvBlocks&
     constexpr int chunks = kTileT / static_cast<int>(hn::MaxLanes(dt));
     hn::Vec<decltype(dt)> scale[kQ4 ? kMaxGroups : 1][chunks];
     float smax[kQ4 ? kMaxGroups : 1];
-    // The tile's scales: q4's of group g from sc + g * kQ4ScaleRows on, in chunks of 16 rows
-    // `stride` apart.
+    // The tile's scales (ScaleAt).
     const auto* sc = reinterpret_cast<const uint16_t*>(vb) + (kQ4 ? detail::q4_scale_index(tb, 0, groups) : tb);
     const size_t stride = kQ4 ? groups * kQ4ScaleRows : kQ4ScaleRows;
     for (size_t g = 0; g < (kQ4 ? groups : 1); ++g) {
       for (int c = 0; c < chunks; ++c) {
         const size_t t = static_cast<size_t>(c) * LT;
         const auto live = hn::FirstN(dt, static_cast<size_t>(std::max(0, n - static_cast<int>(t))));
-        const uint16_t* at = sc + g * kQ4ScaleRows + t / kQ4ScaleRows * stride + t % kQ4ScaleRows;
-        scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, at));
+        scale[g][c] = hn::IfThenElseZero(live, LoadF16(dt, ScaleAt(sc, stride, g, t)));
       }
     }
     LargestScales(sc, stride, kQ4 ? groups : 1, n, smax);
