@@ -1271,22 +1271,22 @@ HWY_INLINE const uint16_t* ScaleAt(const uint16_t* sc, size_t stride, size_t g, 
 // absolute maximum over 7 or 127, kernels/quantize.cc), and the bits of every NaN and infinity
 // lie above those of every finite value. In fp32, with a NaN test since Max may drop a NaN, the
 // maxima took three instructions per 16 rows and a reduction of their own per group.
+// Each maximum is widened in a register: stored as uint16_t and loaded as a vector of them, the
+// load waited for the stores (a store cannot forward to a wider load), where 3.6 % of int4 hd64
+// GQA 4's samples in its visits fell.
 HWY_INLINE void LargestScales(const uint16_t* sc, size_t stride, size_t groups, int n, float* smax) {
   const hn::CappedTag<uint16_t, kQ4ScaleRows> du;
+  const hn::CappedTag<float, 1> d1;
   const size_t rows = static_cast<size_t>(n);
-  HWY_ALIGN uint16_t top[kMaxGroups] = {};
   for (size_t g = 0; g < groups; ++g) {
     auto vmax = hn::Zero(du);
     for (size_t t = 0; t < rows; t += hn::Lanes(du)) {
       const auto bits = hn::LoadU(du, ScaleAt(sc, stride, g, t));
       vmax = hn::Max(vmax, hn::IfThenElseZero(hn::FirstN(du, rows - t), bits));
     }
-    top[g] = hn::GetLane(hn::MaxOfLanes(du, vmax));
+    const uint16_t top = hn::GetLane(hn::MaxOfLanes(du, vmax));
+    smax[g] = hn::GetLane(WidenF16(d1, hn::Set(hn::Rebind<uint16_t, decltype(d1)>(), top)));
   }
-  const hn::CappedTag<float, kMaxGroups> dg;
-  HWY_ALIGN float all[hn::MaxLanes(dg)];
-  for (size_t g = 0; g < groups; g += hn::Lanes(dg)) hn::Store(LoadF16(dg, top + g), dg, all + g);
-  for (size_t g = 0; g < groups; ++g) smax[g] = all[g];
 }
 
 // What every block of a group's heads shares: worked out once per group, not per block.

@@ -24,17 +24,16 @@ namespace hn = hwy::HWY_NAMESPACE;
 #define FD_NATIVE_F16 0
 #endif
 
-// Loads Lanes(df) fp16 bit patterns from p and widens them to fp32.
+// Widens Lanes(df) fp16 bit patterns, held as uint16_t lanes, to fp32.
 template <class DF>
-HWY_INLINE hn::Vec<DF> LoadF16(DF df, const uint16_t* HWY_RESTRICT p) {
+HWY_INLINE hn::Vec<DF> WidenF16(DF df, hn::Vec<hn::Rebind<uint16_t, DF>> h) {
 #if FD_NATIVE_F16
   const hn::Rebind<hwy::float16_t, DF> dh;
-  return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+  return hn::PromoteTo(df, hn::BitCast(dh, h));
 #else
   const hn::RebindToUnsigned<DF> du;
   const hn::RebindToSigned<DF> di;
-  const hn::Rebind<uint16_t, DF> du16;
-  const auto bits = hn::PromoteTo(du, hn::LoadU(du16, p));
+  const auto bits = hn::PromoteTo(du, h);
   const auto sign = hn::ShiftLeft<16>(hn::And(bits, hn::Set(du, 0x8000u)));
   const auto exp = hn::ShiftRight<10>(hn::And(bits, hn::Set(du, 0x7C00u)));
   const auto mant = hn::And(bits, hn::Set(du, 0x3FFu));
@@ -51,6 +50,12 @@ HWY_INLINE hn::Vec<DF> LoadF16(DF df, const uint16_t* HWY_RESTRICT p) {
                                   hn::IfThenElse(hn::Eq(exp, hn::Set(du, 31u)), infnan, normal));
   return hn::BitCast(df, hn::Or(mag, sign));
 #endif
+}
+
+// Loads Lanes(df) fp16 bit patterns from p and widens them to fp32.
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF16(DF df, const uint16_t* HWY_RESTRICT p) {
+  return WidenF16(df, hn::LoadU(hn::Rebind<uint16_t, DF>(), p));
 }
 
 // Narrows Lanes(df) floats to fp16 bit patterns and stores them at p.
