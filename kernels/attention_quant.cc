@@ -1273,7 +1273,7 @@ HWY_INLINE const uint16_t* ScaleAt(const uint16_t* sc, size_t stride, size_t g, 
 // maxima took three instructions per 16 rows and a reduction of their own per group.
 // Each maximum is widened in a register: stored as uint16_t and loaded as a vector of them, the
 // load waited for the stores (a store cannot forward to a wider load), where 3.6 % of int4 hd64
-// GQA 4's samples in its visits fell.
+// GQA 4's samples in AttendGroupQuant fell.
 HWY_INLINE void LargestScales(const uint16_t* sc, size_t stride, size_t groups, int n, float* smax) {
   const hn::CappedTag<uint16_t, kQ4ScaleRows> du;
   const hn::CappedTag<float, 1> d1;
