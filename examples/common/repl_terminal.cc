@@ -60,6 +60,11 @@ int run_repl(const ReplArgs& args) {
   // terminal first; during a generation the node cancels the sequence of a client that is gone).
   forward_signals_to_main_thread({SIGINT});
   std::signal(SIGTERM, SIG_DFL);
+  // libedit's own handler would take the Ctrl-C instead: it puts back the handler above, then
+  // re-sends the signal with kill(0, SIGINT), to the whole process group, a parent shell or script
+  // without job control included, from whichever thread the signal landed on. Without it the read
+  // simply returns EINTR, and libedit still restores the terminal before readline() returns.
+  rl_catch_signals = 0;
   caf::actor_system_config cfg;
   configure_client(cfg);
   caf::actor_system sys{cfg};
