@@ -547,6 +547,8 @@ HWY_NOINLINE void AttendGroup(D d, const Tile* tiles, const int* kv_heads, int n
   }
   // Visits ahead whose rows are fetched: about FetchAheadBytes() of K and V, one at least.
   const int ahead = visits_ahead(FetchAheadBytes(), head_bytes);
+  FetchFirstKeys(blocks, n_tiles, ahead, head_bytes, st[0].fetch_to,
+                 [&](int i, size_t b) { return Bytes(kv.k[b]) + st[i].head_off; });
   for (BlockVisits v(blocks, n_tiles, ahead); v.Next();) {
     const int i = v.tile(), ai = v.ahead_tile();
     // Fetched for every tile, also for one query per kv head, which computes so little per

@@ -1441,6 +1441,8 @@ HWY_NOINLINE void AttendGroupQuant(DK dk, DF df, const Tile* tiles, const int* k
   const GroupShape gs = GroupShapeOf<kQ4>(head_bytes, bt, hd);
   // About kPrefetchBytes of K and V in flight: small heads (q4 hd64) are fetched further ahead.
   const int ahead = visits_ahead(kPrefetchBytes, head_bytes);
+  FetchFirstKeys(blocks, n_tiles, ahead, head_bytes, gs.fetch_to,
+                 [&](int i, size_t b) { return Bytes(kv.k[b]) + st[i].head_off; });
   for (BlockVisits v(blocks, n_tiles, ahead); v.Next();) {
     const int i = v.tile(), ai = v.ahead_tile();
     const uint8_t* kn = ai < 0 ? nullptr : Bytes(kv.k[v.ahead_block()]) + st[ai].head_off;
