@@ -11,4 +11,9 @@ namespace fd {
 
 void forward_signals_to_main_thread(std::initializer_list<int> signals);
 
+// The same for signals that must not be lost on the main thread: taken there, the handler still
+// interrupts the read (EINTR), and leaves the signal pending and blocked as the handler returns,
+// for StopSignals::poll() to take once the read is over.
+void hold_signals_for_main_thread(std::initializer_list<int> signals);
+
 }  // namespace fd

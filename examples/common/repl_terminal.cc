@@ -31,22 +31,36 @@ struct Line {
 };
 
 // Reads one line with libedit. Outside this call SIGINT and SIGTERM stay blocked (StopSignals);
-// here they are let through, so Ctrl-C interrupts the read (EINTR: the handler of
-// forward_signals_to_main_thread does nothing on the main thread) and SIGTERM ends the process.
+// here they are let through, so both interrupt the read (EINTR): Ctrl-C is then done with (the
+// handler of forward_signals_to_main_thread does nothing on the main thread), SIGTERM stays
+// pending (hold_signals_for_main_thread) and ends the REPL as end of input does. A SIGTERM that
+// lands in the few instructions between the check after unblocking and the read is held until the
+// next line is typed.
 Line read_line(const char* prompt, StopSignals& signals) {
-  while (int sig = signals.poll(std::chrono::milliseconds(0)))
-    if (sig == SIGTERM) return Line{LineKind::eof, ""};  // a Ctrl-C of the last answer is stale
+  const auto terminated = [&] {  // takes the pending signals; a Ctrl-C of the last answer is stale
+    bool term = false;
+    while (int sig = signals.poll(std::chrono::milliseconds(0))) term = term || sig == SIGTERM;
+    return term;
+  };
+  if (terminated()) return Line{LineKind::eof, ""};
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
+  sigset_t pending;
+  if (sigpending(&pending) == 0 && sigismember(&pending, SIGTERM) == 1) {  // held as it was unblocked
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    terminated();
+    return Line{LineKind::eof, ""};
+  }
   errno = 0;
   std::unique_ptr<char, decltype(&std::free)> raw(readline(prompt), &std::free);
   const int err = errno;
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   if (raw) return Line{LineKind::text, raw.get()};
-  return Line{err == EINTR ? LineKind::interrupted : LineKind::eof, ""};
+  if (err != EINTR || terminated()) return Line{LineKind::eof, ""};
+  return Line{LineKind::interrupted, ""};
 }
 
 bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
@@ -56,14 +70,14 @@ bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std:
 int run_repl(const ReplArgs& args) {
   StopSignals signals;  // before the actor system: its threads inherit the blocked mask
   // Ctrl-C interrupts readline() and, during a generation, waits for StopSignals::poll(). SIGTERM
-  // gets its default action back: it ends the REPL at once (at the prompt libedit restores the
-  // terminal first; during a generation the node cancels the sequence of a client that is gone).
+  // ends the REPL as Ctrl-D does, at the prompt or during a generation (whose sequence is
+  // cancelled), so that libedit restores the terminal first.
   forward_signals_to_main_thread({SIGINT});
-  std::signal(SIGTERM, SIG_DFL);
-  // libedit's own handler would take the Ctrl-C instead: it puts back the handler above, then
-  // re-sends the signal with kill(0, SIGINT), to the whole process group, a parent shell or script
-  // without job control included, from whichever thread the signal landed on. Without it the read
-  // simply returns EINTR, and libedit still restores the terminal before readline() returns.
+  hold_signals_for_main_thread({SIGTERM});
+  // libedit's own handlers would take these signals instead: they put back the handlers above, then
+  // re-send the signal with kill(0, sig), to the whole process group, a parent shell or script
+  // without job control included (a SIGTERM ended both), from whichever thread the signal landed
+  // on. Without them the read simply returns EINTR, and libedit restores the terminal on return.
   rl_catch_signals = 0;
   caf::actor_system_config cfg;
   configure_client(cfg);

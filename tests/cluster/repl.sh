@@ -74,6 +74,8 @@ ask() {
   wait_idle "${2:-30}"
 }
 
+# After the REPL: whether it left the terminal echoing, as libedit found it.
+TTY_ECHO="stty -a | tr ' ;' '\\n\\n' | grep -qx echo && echo TTY-ECHO-ON || echo TTY-ECHO-OFF"
 start_repl() {  # start_repl PORT [ARGS...]
   local port=$1
   shift
@@ -81,7 +83,7 @@ start_repl() {  # start_repl PORT [ARGS...]
   # No `timeout` around the REPL: it would put it in a background process group, away from the
   # terminal. The watchdog below ends the tmux server instead should this script be killed.
   TM new-session -d -s "$SESSION" -x 200 -y 50 \
-    "$REPL --connect 127.0.0.1:$port $*; echo REPL-EXIT=\$?; sleep 60"
+    "$REPL --connect 127.0.0.1:$port $*; echo REPL-EXIT=\$?; $TTY_ECHO; sleep 60"
   wait_pane "^connected to 127.0.0.1:$port" 20
   wait_idle 5
 }
@@ -130,7 +132,19 @@ wait_pane "^unknown command /bogus" 2
 # Ctrl-D quits with status 0.
 TM send-keys -t "$SESSION" C-d
 wait_pane "^REPL-EXIT=0$" 10
+wait_pane "^TTY-ECHO-ON$" 5
 log "stories260K: greedy text, /temp, /seed, /stats, Ctrl-C at the prompt, Ctrl-D: ok"
+
+# SIGTERM at the prompt, in the middle of a line, ends the REPL as Ctrl-D does: the terminal is
+# restored and the shell that started it goes on.
+start_repl "$PORT"
+TM send-keys -t "$SESSION" -l -- "half typed"
+sleep 0.2
+repl_pid=$(pgrep -f -- "^$REPL --connect 127.0.0.1:$PORT") || fail "no REPL process to terminate"
+kill -TERM "$repl_pid"
+wait_pane "^REPL-EXIT=0$" 10
+wait_pane "^TTY-ECHO-ON$" 5
+log "SIGTERM at the prompt: the REPL left with status 0 and the terminal echoing"
 
 # --- a random model with a long context: streaming, cancel, node loss -------------------------
 "$MKMODEL" --out "$WORK/slow.gguf" --layers 4 --dim 256 --heads 8 --kv-heads 2 --ff 768 \
