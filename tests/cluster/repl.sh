@@ -1,6 +1,7 @@
 # fastdecode-repl in a real terminal (tmux) against a gpu node and a cpu node: answers stream
 # token by token, /temp changes sampling, Ctrl-C stops a generation (its KV-cache is freed) and
-# clears a half-typed line, Ctrl-D quits, and a node that dies is reported, not waited on.
+# clears a half-typed line, Ctrl-D quits, SIGTERM quits too (at the prompt, and during a generation
+# once it is cancelled), and a node that dies is reported, not waited on.
 source "$(dirname "$0")/lib.bash" "$@"
 
 REPL=$BUILD/fastdecode-repl
@@ -146,6 +147,29 @@ wait_pane "^REPL-EXIT=0$" 10
 wait_pane "^TTY-ECHO-ON$" 5
 log "SIGTERM at the prompt: the REPL left with status 0 and the terminal echoing"
 
+# no_sequences_left NAME: the gpu node dropped every sequence, with no live sequence and no
+# KV-cache on the shard (a trace of the cluster, recorded as NAME.json).
+no_sequences_left() {
+  "$TRACE" --connect "127.0.0.1:$PORT" --record "$WORK/$1.json" --duration 2.5 --quiet \
+    2>"$WORK/trace.err" || fail "fastdecode-trace failed"
+  python3 - "$WORK/$1.json" <<'PY'
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+last = {}
+for e in events:
+    if e.get("ph") == "C" and e.get("cat") == "shard" and "sequences" in e.get("args", {}):
+        last[e["tid"]] = e["args"]
+if not last:
+    sys.exit("no shard snapshot in the trace")
+for args in last.values():
+    if args["sequences"] != 0 or args.get("used_pages", 0) != 0:
+        sys.exit("shard still holds %s" % args)
+sched = [e["args"] for e in events if e.get("ph") == "C" and e.get("cat") == "scheduler"]
+if sched and sched[-1].get("running", 0) != 0:
+    sys.exit("the scheduler still runs %s" % sched[-1])
+PY
+}
+
 # --- a random model with a long context: streaming, cancel, node loss -------------------------
 "$MKMODEL" --out "$WORK/slow.gguf" --layers 4 --dim 256 --heads 8 --kv-heads 2 --ff 768 \
   --vocab 512 --ctx 2048 --seed 4 >/dev/null || fail "fastdecode-mkmodel failed"
@@ -180,29 +204,31 @@ wait_idle 5
 n=$(pane | sed -nE 's/^\[cancelled after ([0-9]+) tokens\]$/\1/p' | tail -n 1)
 ((n < 1500)) || fail "the cancelled answer still had $n tokens"
 log "Ctrl-C stopped the answer after $n tokens"
-# The gpu node dropped the sequence: no live sequence and no KV-cache on the shard.
-"$TRACE" --connect "127.0.0.1:$PORT" --record "$WORK/after-cancel.json" --duration 2.5 --quiet \
-  2>"$WORK/trace.err" || fail "fastdecode-trace failed"
-python3 - "$WORK/after-cancel.json" <<'PY' || fail "the cancelled sequence still holds KV-cache"
-import json, sys
-events = json.load(open(sys.argv[1]))["traceEvents"]
-last = {}
-for e in events:
-    if e.get("ph") == "C" and e.get("cat") == "shard" and "sequences" in e.get("args", {}):
-        last[e["tid"]] = e["args"]
-if not last:
-    sys.exit("no shard snapshot in the trace")
-for args in last.values():
-    if args["sequences"] != 0 or args.get("used_pages", 0) != 0:
-        sys.exit("shard still holds %s" % args)
-sched = [e["args"] for e in events if e.get("ph") == "C" and e.get("cat") == "scheduler"]
-if sched and sched[-1].get("running", 0) != 0:
-    sys.exit("the scheduler still runs %s" % sched[-1])
-PY
+no_sequences_left after-cancel || fail "the cancelled sequence still holds KV-cache"
 log "after the cancel the shard holds no sequence and no pages"
 ask "/max 5"
 ask "after cancel"
 [[ -n $(answer_of "after cancel") ]] || fail "no answer after the cancel"
+
+# SIGTERM during a generation cancels it as Ctrl-C does, then ends the REPL with status 0 and the
+# terminal as it was; the gpu node drops the sequence.
+ask "/max 1500"
+cancels=$(pane | grep -cE '^\[cancelled after [0-9]+ tokens\]$')
+send "terminate me"
+deadline=$((SECONDS + 20))
+until [[ -n $(answer_of "terminate me") ]]; do
+  ((SECONDS >= deadline)) && fail "no answer to 'terminate me' within 20 s"
+  sleep 0.05
+done
+repl_pid=$(pgrep -f -- "^$REPL --connect 127.0.0.1:$PORT") || fail "no REPL process to terminate"
+kill -TERM "$repl_pid"
+wait_pane "^REPL-EXIT=0$" 10
+wait_pane "^TTY-ECHO-ON$" 5
+(($(pane | grep -cE '^\[cancelled after [0-9]+ tokens\]$') == cancels + 1)) ||
+  fail "SIGTERM during a generation did not cancel it"
+no_sequences_left after-sigterm || fail "the sequence ended by SIGTERM still holds KV-cache"
+log "SIGTERM during a generation cancelled it and ended the REPL; the shard holds no sequence"
+start_repl "$PORT" --temperature 0 -n 1500
 
 # A node that goes away is reported; the REPL does not hang.
 kill -KILL "${PID[gpu-slow]}"
