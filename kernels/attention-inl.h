@@ -193,16 +193,17 @@ struct NoFetch {
 // Fetches bytes [begin, end) after base into the cache over `slices` calls of Next(), the same
 // number of lines per call, so that the requests do not arrive in one burst; a null base, or a
 // range of no line, fetches nothing and costs Next() one test. Every call issues that number of
-// fetches, the calls after the last line fetching it again: a loop that stopped at the range's
-// end ran a trip count that changed within each phase (and so mispredicted), where a repeated
-// fetch of a line in the cache costs one instruction. AMD EPYC (Zen 4), int4 hd64 GQA 4, one
-// core, KV in L2 (--ctx 512 --batch 2 --cold-size 0), one build switching between the two, pairs
-// of adjacent runs, medians: 1.03x as fast (7 pairs at the core's faster speed, about 14.3 GB/s)
-// and 1.07x (7 pairs at its slower, about 9 GB/s), where fetching nothing read 1.03x (one pair)
-// and 1.20x (7 pairs). From memory (2 threads, hd 64/128, GQA 1/4, ctx 4096 batch 16 and 64, ctx
-// 512 batch 64), 5-14 alternating pairs of runs against the build before beside the same stream
-// (below 40 GB/s), medians per shape: int4 1.02-1.09x as fast (hd64 GQA 4 ctx 512 1.18x, hd128
-// GQA 4 there 0.91x and, in 12 more pairs, 1.00x), fp16 0.97-1.08x, int8 0.97-1.06x.
+// fetches, the calls after the last line fetching it again: a loop that stopped at the range's end
+// ran a trip count that changed within each phase, a branch the CPU likely mispredicted (the guest
+// below has no counters to show it), where a repeated fetch of a cached line costs one instruction.
+// AMD EPYC (Zen 4), int4 hd64 GQA 4, one core, KV in L2 (--ctx 512 --batch 2 --cold-size 0), one
+// build switching between the two, pairs of adjacent runs, medians: 1.03x as fast (7 pairs at the
+// core's faster speed, about 14.3 GB/s) and 1.07x (7 pairs at its slower, about 9 GB/s), where
+// fetching nothing read 1.03x (one pair) and 1.20x (7 pairs). From memory (2 threads, hd 64/128,
+// GQA 1/4, ctx 4096 batch 16 and 64, ctx 512 batch 64), 5-14 alternating pairs of runs against the
+// build before beside the same stream (below 40 GB/s), medians per shape: int4 1.02-1.09x as fast
+// (hd64 GQA 4 ctx 512 1.18x, hd128 GQA 4 there 0.91x and, in 12 more pairs, 1.00x), fp16
+// 0.97-1.08x, int8 0.97-1.06x.
 class PacedPrefetch {
  public:
   PacedPrefetch(const uint8_t* base, size_t begin, size_t end, size_t slices, FetchTo to = FetchTo::kL1)
