@@ -89,6 +89,25 @@ start_repl() {  # start_repl PORT [ARGS...]
   wait_idle 5
 }
 
+# wait_first_tokens TEXT: the answer to the line TEXT has begun, within 20 s.
+wait_first_tokens() {
+  local deadline=$((SECONDS + 20))
+  until [[ -n $(answer_of "$1") ]]; do
+    ((SECONDS >= deadline)) && fail "no answer to '$1' within 20 s"
+    sleep 0.05
+  done
+}
+# The REPL left with status 0 and the terminal echoing.
+left_cleanly() {
+  wait_pane "^REPL-EXIT=0$" 10
+  wait_pane "^TTY-ECHO-ON$" 5
+}
+terminate_repl() {  # sends SIGTERM to the REPL connected to PORT
+  local pid
+  pid=$(pgrep -f -- "^$REPL --connect 127.0.0.1:$PORT") || fail "no REPL process to terminate"
+  kill -TERM "$pid"
+}
+
 start_cluster() {  # start_cluster TAG MODEL: a gpu node and a cpu node; sets PORT
   PORT=$(free_port)
   start "gpu-$1" "$NODE" --role gpu --listen "127.0.0.1:$PORT" --model "$2"
@@ -132,8 +151,7 @@ wait_pane "^unknown command /bogus" 2
 
 # Ctrl-D quits with status 0.
 TM send-keys -t "$SESSION" C-d
-wait_pane "^REPL-EXIT=0$" 10
-wait_pane "^TTY-ECHO-ON$" 5
+left_cleanly
 log "stories260K: greedy text, /temp, /seed, /stats, Ctrl-C at the prompt, Ctrl-D: ok"
 
 # SIGTERM at the prompt, in the middle of a line, ends the REPL as Ctrl-D does: the terminal is
@@ -141,10 +159,8 @@ log "stories260K: greedy text, /temp, /seed, /stats, Ctrl-C at the prompt, Ctrl-
 start_repl "$PORT"
 TM send-keys -t "$SESSION" -l -- "half typed"
 sleep 0.2
-repl_pid=$(pgrep -f -- "^$REPL --connect 127.0.0.1:$PORT") || fail "no REPL process to terminate"
-kill -TERM "$repl_pid"
-wait_pane "^REPL-EXIT=0$" 10
-wait_pane "^TTY-ECHO-ON$" 5
+terminate_repl
+left_cleanly
 log "SIGTERM at the prompt: the REPL left with status 0 and the terminal echoing"
 
 # no_sequences_left NAME: the gpu node dropped every sequence, with no live sequence and no
@@ -193,11 +209,7 @@ log "the answer grew through ${#seen[@]} partial lengths before its $final bytes
 
 # Ctrl-C during a generation cancels it; the REPL is ready for the next prompt.
 send "cancel me"
-deadline=$((SECONDS + 20))
-until [[ -n $(answer_of "cancel me") ]]; do  # the first tokens are out
-  ((SECONDS >= deadline)) && fail "no answer to 'cancel me' within 20 s"
-  sleep 0.05
-done
+wait_first_tokens "cancel me"
 TM send-keys -t "$SESSION" C-c
 wait_pane "^\[cancelled after [0-9]+ tokens\]$" 10
 wait_idle 5
@@ -215,15 +227,9 @@ ask "after cancel"
 ask "/max 1500"
 cancels=$(pane | grep -cE '^\[cancelled after [0-9]+ tokens\]$')
 send "terminate me"
-deadline=$((SECONDS + 20))
-until [[ -n $(answer_of "terminate me") ]]; do
-  ((SECONDS >= deadline)) && fail "no answer to 'terminate me' within 20 s"
-  sleep 0.05
-done
-repl_pid=$(pgrep -f -- "^$REPL --connect 127.0.0.1:$PORT") || fail "no REPL process to terminate"
-kill -TERM "$repl_pid"
-wait_pane "^REPL-EXIT=0$" 10
-wait_pane "^TTY-ECHO-ON$" 5
+wait_first_tokens "terminate me"
+terminate_repl
+left_cleanly
 (($(pane | grep -cE '^\[cancelled after [0-9]+ tokens\]$') == cancels + 1)) ||
   fail "SIGTERM during a generation did not cancel it"
 no_sequences_left after-sigterm || fail "the sequence ended by SIGTERM still holds KV-cache"
